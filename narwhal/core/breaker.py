@@ -1,0 +1,249 @@
+"""The breaker: ejection after a failure streak, quarantine, and probe-gated readmission.
+
+Rule kept here: one object holds every engine's health state and changes it only through the
+methods below, each taking ``now``; randomness (probe jitter) comes from the injected RNG.
+Like Envoy's outlier detector, it is tested at exact time boundaries.
+
+Theory of operation:
+- Each engine has a failure streak. A charged failure adds one; a completed stream resets it.
+  At ``recovery.eject_after`` consecutive failures the engine is EJECTED: it gets no placement
+  until an inference probe succeeds (:meth:`Breaker.on_probe`).
+- ``recovery.failure_quarantine_s > 0``: any charged failure also excludes the engine from
+  placement for that long (QUARANTINED), while the streak catches up.
+- Results are tagged with the engine's *epoch* at placement. Ejection and readmission bump the
+  epoch, so a late result from before an ejection never changes the new state.
+- Probes: at most one in flight per engine (PROBING). The cadence is ``probe_interval_s`` with
+  jitter and doubling backoff after failed probes (capped at 16x). An inconclusive probe
+  returns to the normal cadence without backoff. When every engine able to serve a role is
+  ejected (a whole wave), all of them are probed together, at once, instead of one by one.
+- Health checks: a failed check marks an engine down (EJECTED, reason "health"). Without an
+  engine contract such an engine is readmitted by a passing check; with one, by a probe that
+  also re-validates the contract. Breaker ejections always need an inference probe.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from narwhal.core.config import RecoverySettings, Role
+from narwhal.core.records import DecisionLog
+
+BACKOFF_CAP = 16.0
+JITTER = 0.25  # probe delays are drawn from [1 - JITTER, 1 + JITTER] x the nominal delay
+
+
+class EngineState(str, Enum):
+    READY = "ready"
+    QUARANTINED = "quarantined"
+    EJECTED = "ejected"
+    PROBING = "probing"
+
+
+class ProbeOutcome(str, Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    INCONCLUSIVE = "inconclusive"  # could not judge the engine (e.g. its producer failed)
+
+
+@dataclass
+class EngineHealth:
+    """Mutable health of one engine; read it through :class:`Breaker`."""
+
+    url: str
+    role: Role
+    streak: int = 0
+    epoch: int = 0
+    ejected_since: float | None = None
+    eject_reason: str | None = None  # "breaker" | "health"
+    quarantined_until: float | None = None
+    probing: bool = False
+    next_probe_at: float | None = None
+    failed_probes: int = 0
+    times_ejected: int = 0
+    probe_producer: str | None = None  # for a consumer ejected after a crossed decode
+
+
+class Breaker:
+    """Health state of the whole fleet."""
+
+    def __init__(
+        self,
+        engines: Iterable[tuple[str, Role]],
+        recovery: RecoverySettings,
+        rng: random.Random,
+        log: DecisionLog,
+        *,
+        contract_configured: bool = False,
+    ) -> None:
+        self._engines = {url: EngineHealth(url, role) for url, role in engines}
+        self._recovery = recovery
+        self._rng = rng
+        self._log = log
+        self._contract = contract_configured
+
+    # ------------------------------------------------------------------ reading
+
+    def health(self, url: str) -> EngineHealth:
+        return self._engines[url]
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._engines)
+
+    def state(self, url: str, now: float) -> EngineState:
+        engine = self._engines[url]
+        if engine.probing:
+            return EngineState.PROBING
+        if engine.ejected_since is not None:
+            return EngineState.EJECTED
+        if engine.quarantined_until is not None and now < engine.quarantined_until:
+            return EngineState.QUARANTINED
+        return EngineState.READY
+
+    def placeable(self, url: str, now: float) -> bool:
+        """True when the engine may receive client traffic now."""
+        return self.state(url, now) is EngineState.READY
+
+    def epoch(self, url: str) -> int:
+        return self._engines[url].epoch
+
+    # ------------------------------------------------------------------ results of traffic
+
+    def on_success(self, url: str, epoch: int, now: float) -> None:
+        """A stream completed on ``url``: its streak resets."""
+        engine = self._engines[url]
+        if epoch != engine.epoch:
+            return
+        engine.streak = 0
+
+    def on_failure(self, url: str, epoch: int, now: float, *, producer: str | None = None) -> bool:
+        """A charged failure on ``url``; returns True if this failure ejected it.
+
+        ``producer`` names the producer of a crossed decode, so the readmission probe can use a
+        fresh handoff from that same producer.
+        """
+        engine = self._engines[url]
+        if epoch != engine.epoch or engine.ejected_since is not None:
+            self._log.add(now, "stale", url, epoch=epoch)
+            return False
+        engine.streak += 1
+        if self._recovery.failure_quarantine_s > 0:
+            engine.quarantined_until = now + self._recovery.failure_quarantine_s
+            self._log.add(now, "quarantine", url, until=engine.quarantined_until)
+        if engine.streak < self._recovery.eject_after:
+            return False
+        engine.probe_producer = producer
+        self._eject(engine, now, "breaker")
+        return True
+
+    # ------------------------------------------------------------------ health checks
+
+    def on_health(self, url: str, now: float, ok: bool) -> None:
+        """Result of a background health check."""
+        engine = self._engines[url]
+        if not ok:
+            if engine.ejected_since is None:
+                engine.probe_producer = None
+                self._eject(engine, now, "health")
+            return
+        if engine.eject_reason == "health" and not self._contract and not engine.probing:
+            self._readmit(engine, now, "health_check")
+
+    # ------------------------------------------------------------------ probes
+
+    def due_probes(self, now: float) -> list[str]:
+        """Ejected engines whose probe is due now; each is marked PROBING (one in flight)."""
+        wave_roles = {
+            role for role in (Role.PREFILL, Role.DECODE) if self._whole_wave(role)
+        }
+        due: list[str] = []
+        for engine in self._engines.values():
+            if engine.ejected_since is None or engine.probing:
+                continue
+            if engine.eject_reason == "health" and not self._contract:
+                continue  # readmitted by a passing health check instead
+            ready = engine.next_probe_at is not None and now >= engine.next_probe_at
+            in_due_wave = any(
+                self._serves(engine.role, role) and self._wave_due(role, now) for role in wave_roles
+            )
+            if ready or in_due_wave:
+                due.append(engine.url)
+        for url in due:
+            self._engines[url].probing = True
+            self._log.add(now, "probe", url)
+        return due
+
+    def on_probe(self, url: str, now: float, outcome: ProbeOutcome) -> None:
+        """Record the outcome of a probe started by :meth:`due_probes`."""
+        engine = self._engines[url]
+        if not engine.probing:
+            return
+        engine.probing = False
+        self._log.add(now, "probe_result", url, outcome=outcome.value)
+        if outcome is ProbeOutcome.PASSED:
+            self._readmit(engine, now, "probe")
+            return
+        if outcome is ProbeOutcome.FAILED:
+            engine.failed_probes += 1
+        factor = min(2.0**engine.failed_probes, BACKOFF_CAP)
+        engine.next_probe_at = now + self._jittered(self._recovery.probe_interval_s * factor)
+
+    def next_probe_time(self) -> float | None:
+        """The earliest scheduled probe (for drivers that sleep until then)."""
+        times = [
+            e.next_probe_at
+            for e in self._engines.values()
+            if e.ejected_since is not None and not e.probing and e.next_probe_at is not None
+        ]
+        return min(times) if times else None
+
+    # ------------------------------------------------------------------ internals
+
+    def _eject(self, engine: EngineHealth, now: float, reason: str) -> None:
+        engine.ejected_since = now
+        engine.eject_reason = reason
+        engine.epoch += 1
+        engine.times_ejected += 1
+        engine.failed_probes = 0
+        engine.next_probe_at = now + self._jittered(self._recovery.probe_interval_s)
+        self._log.add(now, "eject", engine.url, reason=reason, streak=engine.streak)
+        for role in (Role.PREFILL, Role.DECODE):
+            if self._serves(engine.role, role) and self._whole_wave(role):
+                for other in self._engines.values():
+                    if self._serves(other.role, role) and not other.probing:
+                        other.next_probe_at = now
+                self._log.add(now, "whole_wave", None, role=role.value)
+
+    def _readmit(self, engine: EngineHealth, now: float, via: str) -> None:
+        engine.ejected_since = None
+        engine.eject_reason = None
+        engine.quarantined_until = None
+        engine.streak = 0
+        engine.epoch += 1
+        engine.failed_probes = 0
+        engine.next_probe_at = None
+        engine.probe_producer = None
+        self._log.add(now, "readmit", engine.url, via=via)
+
+    def _jittered(self, delay: float) -> float:
+        return delay * self._rng.uniform(1.0 - JITTER, 1.0 + JITTER)
+
+    @staticmethod
+    def _serves(engine_role: Role, role: Role) -> bool:
+        return engine_role.produces if role is Role.PREFILL else engine_role.consumes
+
+    def _whole_wave(self, role: Role) -> bool:
+        members = [e for e in self._engines.values() if self._serves(e.role, role)]
+        return bool(members) and all(e.ejected_since is not None for e in members)
+
+    def _wave_due(self, role: Role, now: float) -> bool:
+        """A wave is probed together: all members are due once the earliest one is."""
+        times = [
+            e.next_probe_at
+            for e in self._engines.values()
+            if self._serves(e.role, role) and not e.probing and e.next_probe_at is not None
+        ]
+        return bool(times) and now >= min(times)

@@ -1,0 +1,177 @@
+"""Narwhal's configuration: one pydantic model, read from TOML.
+
+Rule kept here: the key names are part of the interface (DESIGN.md) and unknown keys are refused,
+so a typo never silently falls back to a default. Every refusal names the key and the reason.
+
+Theory of operation: :func:`load_config` reads a TOML file, :func:`parse_config` validates a
+mapping; both raise :class:`ConfigError` whose message lists each bad key as a dotted path
+(``recovery.eject_after``, ``engines[1].role``). Cross-field rules (a fleet needs a producer and
+a consumer, unique URLs) are checked after the fields themselves.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from enum import Enum
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from narwhal.core.descriptor import KNOWN_CONNECTORS
+
+
+class ConfigError(ValueError):
+    """A configuration was refused. The message names every bad key and why."""
+
+
+class Role(str, Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    BOTH = "both"
+
+    @property
+    def produces(self) -> bool:
+        return self in (Role.PREFILL, Role.BOTH)
+
+    @property
+    def consumes(self) -> bool:
+        return self in (Role.DECODE, Role.BOTH)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSettings(_Strict):
+    """Timeouts of one request (seconds)."""
+
+    first_token_timeout_s: float = Field(30.0, gt=0)
+    decode_read_timeout_s: float = Field(10.0, ge=0)  # 0: the request deadline bounds the stream
+    request_timeout_s: float = Field(600.0, gt=0)  # the original request deadline
+    max_handoff_age_s: float = Field(25.0, gt=0)
+
+
+class RecoverySettings(_Strict):
+    """Breaker, quarantine, retries and probe cadence."""
+
+    eject_after: int = Field(3, ge=1)
+    failure_quarantine_s: float = Field(0.0, ge=0)
+    max_attempts: int = Field(1, ge=1)  # 1 = no retries
+    retry_budget_ratio: float = Field(0.2, ge=0, le=1)
+    retry_budget_min: int = Field(3, ge=0)
+    probe_interval_s: float = Field(5.0, gt=0)
+
+
+class EngineContract(_Strict):
+    """What every engine must be; checked by preflight and on breaker readmission."""
+
+    model: str = Field(min_length=1)
+    vllm_version: str = Field(min_length=1)
+    kv_connector: str = "NixlConnector"
+
+    @field_validator("kv_connector")
+    @classmethod
+    def _known_connector(cls, value: str) -> str:
+        if value not in KNOWN_CONNECTORS:
+            raise ValueError(f"unknown connector {value!r}; expected one of {list(KNOWN_CONNECTORS)}")
+        return value
+
+
+def _check_host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be 'host:port' with a port in 1..65535, got {value!r}")
+    return value
+
+
+class EngineEntry(_Strict):
+    """One engine of the fleet."""
+
+    url: str
+    role: Role
+    kv_endpoint: str | None = None  # the producer's KV side channel, pinned in descriptors
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http(s) URL like 'http://127.0.0.1:8100', got {value!r}")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError(f"must be the engine's base URL without a path, got {value!r}")
+        return value.rstrip("/")
+
+    @field_validator("kv_endpoint")
+    @classmethod
+    def _kv_endpoint(cls, value: str | None) -> str | None:
+        return None if value is None else _check_host_port(value)
+
+
+class NarwhalConfig(_Strict):
+    """The whole configuration. Defaults are the documented ones (README, DESIGN.md)."""
+
+    engine: EngineSettings = EngineSettings()
+    recovery: RecoverySettings = RecoverySettings()
+    engine_contract: EngineContract | None = None
+    engines: list[EngineEntry] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _fleet_is_usable(self) -> NarwhalConfig:
+        urls = [e.url for e in self.engines]
+        for url in sorted({u for u in urls if urls.count(u) > 1}):
+            raise ValueError(f"engines: url {url!r} is listed more than once")
+        if not any(e.role.produces for e in self.engines):
+            raise ValueError("engines: no engine can prefill (need role 'prefill' or 'both')")
+        if not any(e.role.consumes for e in self.engines):
+            raise ValueError("engines: no engine can decode (need role 'decode' or 'both')")
+        return self
+
+    @property
+    def kv_connector(self) -> str:
+        """The connector descriptors are validated against (NixlConnector unless pinned)."""
+        return self.engine_contract.kv_connector if self.engine_contract else "NixlConnector"
+
+    def engine_by_url(self, url: str) -> EngineEntry:
+        for entry in self.engines:
+            if entry.url == url:
+                return entry
+        raise KeyError(url)
+
+
+def _format(error: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for item in error.errors():
+        path = ""
+        for part in item["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        reason = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            reason = "unknown key (check the spelling against the configuration reference)"
+        elif item["type"] == "missing":
+            reason = "required key is missing"
+        lines.append(f"  {path or '(top level)'}: {reason}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> NarwhalConfig:
+    """Validate a mapping (as read from TOML) into a :class:`NarwhalConfig`."""
+    try:
+        return NarwhalConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format(error, source)) from None
+
+
+def load_config(path: str | Path) -> NarwhalConfig:
+    """Read and validate a TOML configuration file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"cannot read configuration {path}: {error.strerror or error}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"invalid TOML in {path}: {error}") from None
+    return parse_config(data, str(path))

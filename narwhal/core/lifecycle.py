@@ -1,0 +1,439 @@
+"""The request lifecycle: prefill -> validate -> decode -> stream -> retry / cleanup.
+
+Rule kept here: this is the only implementation of a request's life, for the live router and
+the simulator alike. It awaits nothing but port calls, passes every deadline to the port, and
+releases what it holds in ``finally`` with synchronous calls, so a cancelled or abandoned
+request (client gone) leaves no reservation, budget or handoff behind.
+
+Theory of operation (one attempt):
+1. Place a producer; reserve a prefill slot. Send the one-token, non-streaming prefill leg,
+   bounded by the request deadline and by ``engine.max_handoff_age_s`` (the handoff age starts
+   when this leg starts). ``ttft_s`` is taken when it completes.
+2. Validate the descriptor (engine identity, block ids, connector, pinned side channel).
+3. Place a consumer; reserve a decode slot; refuse a handoff that has grown too old. Open the
+   decode stream: ``engine.first_token_timeout_s`` runs from before the open until the first
+   generated token; after it, ``engine.decode_read_timeout_s`` bounds silence between chunks
+   (0: the request deadline does).
+4. The first generated token is the commit point: the client gets HTTP 200 then (metadata that
+   came before it is flushed right behind the headers). Before it, every fault is an ordinary
+   HTTP error and may be retried; after it, a fault ends the stream with one terminal
+   ``data: {"error": ...}`` event.
+Faults are charged to the engine that caused them (breaker streak, quarantine); a transient fault
+before commit starts a fresh attempt (new ids, new placement, new producer ownership) when
+attempts, the deadline and the retry budget allow; otherwise the client gets the fault's status.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from narwhal.core.assemble import ResponseAssembler
+from narwhal.core.descriptor import DescriptorError, prefill_kv_params, validate_descriptor
+from narwhal.core.errors import DONE_BEFORE_TOKEN_TEXT, SILENCE_TEXT, Fault, FaultKind, fault
+from narwhal.core.placement import Reservation
+from narwhal.core.policies import Policies
+from narwhal.core.ports import (
+    Chunk,
+    ClientGone,
+    ClientSink,
+    ConnectFailed,
+    Ports,
+    Reply,
+    StreamEnd,
+    StreamOpened,
+    TimedOut,
+)
+from narwhal.core.records import RequestRecord
+from narwhal.core.requests import ClientRequest, decode_body, prefill_body
+from narwhal.core.retry import Deadline, handoff_too_old
+from narwhal.core.sse import EventKind, SseParser
+
+SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+CLIENT_GONE_STATUS = 499  # nginx's convention for "client closed request"
+
+
+def _status_headers(failure: Fault, retry_after_s: float) -> dict[str, str]:
+    if failure.kind is FaultKind.NO_ENGINE:
+        return {"retry-after": str(max(1, round(retry_after_s)))}
+    return {}
+
+
+def terminal_event(failure: Fault) -> bytes:
+    """The one SSE event that ends a committed stream after a failure."""
+    return b"data: " + json.dumps(failure.error_body()).encode() + b"\n\n"
+
+
+class _Lifecycle:
+    def __init__(
+        self, request: ClientRequest, ports: Ports, policies: Policies, sink: ClientSink
+    ) -> None:
+        self.request = request
+        self.ports = ports
+        self.policies = policies
+        self.sink = sink
+        cfg = policies.config
+        self.engine_cfg = cfg.engine
+        self.deadline = Deadline(request.arrival + cfg.engine.request_timeout_s)
+        self.held: list[Reservation] = []
+        self.failed_engines: set[str] = set()
+        self.engines: list[str] = []
+        self.attempts = 0
+        self.committed = False
+        self.got_token = False
+        self.tokens = 0
+        self.ttft_s: float | None = None
+        self.first_byte_s: float | None = None
+        self.shortest_attempt_s: float | None = None  # a retry must have at least this left
+        self.open_stream: Any = None
+        self.unused_handoff: tuple[str, dict[str, Any]] | None = None
+        self.final: tuple[int, str, str | None] | None = None  # status, outcome, error
+
+    # ------------------------------------------------------------------ the request
+
+    async def run(self) -> RequestRecord:
+        budget = self.policies.budget
+        budget.request_started()
+        holding_retry = False
+        try:
+            while True:
+                self.attempts += 1
+                started = self.ports.clock.now()
+                failure = await self._attempt()
+                self._cleanup_attempt()
+                if holding_retry:
+                    budget.release()
+                    holding_retry = False
+                if failure is None:
+                    return self._finish_record()
+                now = self.ports.clock.now()
+                self._charge(failure, now)
+                took = now - started
+                if self.shortest_attempt_s is None or took < self.shortest_attempt_s:
+                    self.shortest_attempt_s = took
+                if self._may_retry(failure, now) and budget.try_acquire():
+                    holding_retry = True
+                    self.policies.log.add(
+                        now, "retry", failure.engine, request=self.request.request_id,
+                        fault=failure.kind.value,
+                    )
+                    continue
+                await self._fail(failure)
+                return self._finish_record()
+        except ClientGone:
+            self.final = (CLIENT_GONE_STATUS, "client_gone", "client disconnected")
+            return self._finish_record()
+        finally:
+            self._cleanup_attempt()
+            if holding_retry:
+                budget.release()
+            budget.request_finished()
+            if self.final is None:  # cancelled by the driver: the client went away
+                self.final = (CLIENT_GONE_STATUS, "client_gone", "request cancelled")
+                self._finish_record()
+
+    def _may_retry(self, failure: Fault, now: float) -> bool:
+        return (
+            failure.retryable
+            and not self.got_token
+            and self.attempts < self.policies.config.recovery.max_attempts
+            and self.deadline.permits_attempt(now, self.shortest_attempt_s or 0.0)
+        )
+
+    def _charge(self, failure: Fault, now: float) -> None:
+        if failure.engine is None:
+            return
+        self.failed_engines.add(failure.engine)
+        epoch = self._epochs.get(failure.engine, self.policies.breaker.epoch(failure.engine))
+        producer = self._producer if failure.engine != self._producer else None
+        self.policies.breaker.on_failure(failure.engine, epoch, now, producer=producer)
+
+    async def _fail(self, failure: Fault) -> None:
+        now = self.ports.clock.now()
+        self.final = (failure.status, failure.kind.value, failure.message)
+        self.policies.log.add(
+            now, "status", None, request=self.request.request_id, status=failure.status,
+            committed=self.committed,
+        )
+        if self.committed:
+            await self.sink.send(terminal_event(failure))
+        else:
+            headers = _status_headers(failure, self.policies.config.recovery.probe_interval_s)
+            await self.sink.respond(failure.status, failure.error_body(), headers)
+
+    def _finish_record(self) -> RequestRecord:
+        assert self.final is not None
+        status, outcome, error = self.final
+        now = self.ports.clock.now()
+        record = RequestRecord(
+            request_id=self.request.request_id,
+            arrival=self.request.arrival,
+            status=status,
+            outcome=outcome,
+            committed=self.committed,
+            ttft_s=self.ttft_s,
+            first_byte_s=self.first_byte_s,
+            finished_s=now - self.request.arrival,
+            attempts=self.attempts,
+            engines=tuple(self.engines),
+            output_tokens=self.tokens,
+            error=error,
+        )
+        self.policies.on_record(record)
+        return record
+
+    def _cleanup_attempt(self) -> None:
+        for reservation in self.held:
+            reservation.release()
+        self.held.clear()
+        if self.open_stream is not None:
+            handle, self.open_stream = self.open_stream, None
+            self.ports.transport.close_stream(handle)
+        if self.unused_handoff is not None:
+            producer, descriptor = self.unused_handoff
+            self.unused_handoff = None
+            self.ports.transport.release_handoff(producer, descriptor)
+
+    # ------------------------------------------------------------------ one attempt
+
+    _producer: str | None = None
+    _epochs: dict[str, int]
+
+    def _reserve(self, url: str, phase: str, now: float) -> Reservation:
+        reservation = self.policies.placement.reserve(url, phase, now, self.request.request_id)
+        self.held.append(reservation)
+        self._epochs[url] = reservation.epoch
+        self.engines.append(url)
+        return reservation
+
+    def _no_engine(self, phase: str) -> Fault:
+        role = "prefill" if phase == "prefill" else "decode"
+        return fault(
+            FaultKind.NO_ENGINE,
+            f"no {role} engine is available (all ejected, probing or quarantined)",
+            engine=None,
+            phase="placement",
+        )
+
+    async def _attempt(self) -> Fault | None:
+        clock, transport, policies = self.ports.clock, self.ports.transport, self.policies
+        self._epochs = {}
+        self._producer = None
+        now = clock.now()
+        if self.deadline.expired(now):
+            return fault(FaultKind.DEADLINE, "request deadline passed", engine=None, phase="request")
+        producer = policies.placement.choose("prefill", now, self.failed_engines)
+        if producer is None:
+            return self._no_engine("prefill")
+        self._producer = producer
+        prefill_slot = self._reserve(producer, "prefill", now)
+        connector = policies.config.kv_connector
+        prefill_id = policies.new_id(f"{self.request.request_id}-p{self.attempts}")
+        kv_params = prefill_kv_params(connector, transfer_id=prefill_id)
+        leg_started = now
+        age_bound = leg_started + self.engine_cfg.max_handoff_age_s
+        leg_deadline = min(self.deadline.at, age_bound)
+        result = await transport.call(
+            producer, "POST", self.request.endpoint, prefill_body(self.request, kv_params),
+            {"X-Request-Id": prefill_id}, leg_deadline,
+        )
+        prefill_slot.release()
+        now = clock.now()
+        if isinstance(result, TimedOut):
+            if leg_deadline < self.deadline.at:
+                return fault(
+                    FaultKind.HANDOFF_TOO_OLD,
+                    f"prefill took longer than max_handoff_age_s "
+                    f"({self.engine_cfg.max_handoff_age_s:g} s)",
+                    engine=producer, phase="prefill",
+                )
+            return fault(FaultKind.DEADLINE, "request deadline passed during prefill",
+                         engine=None, phase="prefill")
+        if isinstance(result, ConnectFailed):
+            return self._connect_fault(result, producer, "prefill")
+        descriptor_or_fault = self._read_prefill(result, producer, connector)
+        if isinstance(descriptor_or_fault, Fault):
+            return descriptor_or_fault
+        descriptor = descriptor_or_fault
+        self.ttft_s = now - self.request.arrival
+        policies.breaker.on_success(producer, self._epochs[producer], now)
+        self.unused_handoff = (producer, descriptor)
+
+        consumer = policies.placement.choose("decode", now, self.failed_engines)
+        if consumer is None:
+            return self._no_engine("decode")
+        self._reserve(consumer, "decode", now)
+        if handoff_too_old(leg_started, now, self.engine_cfg.max_handoff_age_s):
+            return fault(
+                FaultKind.HANDOFF_TOO_OLD,
+                f"handoff older than max_handoff_age_s ({self.engine_cfg.max_handoff_age_s:g} s)",
+                engine=None, phase="decode",
+            )
+        crossed = consumer != producer
+        body = decode_body(self.request, descriptor if crossed else None)
+        if crossed:
+            self.unused_handoff = None  # the consumer owns the pull from here on
+        return await self._decode(consumer, body, policies.new_id(
+            f"{self.request.request_id}-d{self.attempts}"))
+
+    def _connect_fault(self, result: ConnectFailed, engine: str, phase: str) -> Fault:
+        kind = FaultKind.REFUSED if result.reason == "refused" else FaultKind.RESET
+        return fault(kind, f"{phase} engine {result.reason}", engine=engine, phase=phase)
+
+    def _http_fault(self, reply_status: int, raw: bytes, engine: str, phase: str) -> Fault:
+        if 400 <= reply_status < 500:
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = None
+            body = parsed if isinstance(parsed, dict) else None
+            return fault(
+                FaultKind.ENGINE_4XX, f"{phase} engine rejected the request ({reply_status})",
+                engine=engine, phase=phase, status=reply_status, upstream_body=body,
+            )
+        return fault(
+            FaultKind.ENGINE_5XX, f"{phase} engine answered HTTP {reply_status}",
+            engine=engine, phase=phase,
+        )
+
+    def _read_prefill(
+        self, reply: Reply, producer: str, connector: str
+    ) -> dict[str, Any] | Fault:
+        if reply.status != 200:
+            return self._http_fault(reply.status, reply.body, producer, "prefill")
+        try:
+            payload = json.loads(reply.body)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            return fault(FaultKind.MALFORMED_RESPONSE, "prefill response is not a JSON object",
+                         engine=producer, phase="prefill")
+        try:
+            return validate_descriptor(
+                payload.get("kv_transfer_params"), connector,
+                self.policies.pinned_side_channel(producer),
+            )
+        except DescriptorError as error:
+            return fault(
+                FaultKind.BAD_DESCRIPTOR,
+                f"invalid KV descriptor from producer ({error.reason.value}): {error.detail}",
+                engine=producer, phase="prefill",
+            )
+
+    # ------------------------------------------------------------------ decode and stream
+
+    async def _decode(self, consumer: str, body: dict[str, Any], decode_id: str) -> Fault | None:
+        clock, transport = self.ports.clock, self.ports.transport
+        now = clock.now()
+        first_token_at = min(self.deadline.at, now + self.engine_cfg.first_token_timeout_s)
+        opened = await transport.open_stream(
+            consumer, self.request.endpoint, body, {"X-Request-Id": decode_id}, first_token_at
+        )
+        if isinstance(opened, TimedOut):
+            return self._timeout(consumer, first_token_at)
+        if isinstance(opened, ConnectFailed):
+            return self._connect_fault(opened, consumer, "decode")
+        assert isinstance(opened, StreamOpened)
+        self.open_stream = opened.handle
+        if opened.status != 200:
+            return self._http_fault(opened.status, opened.body, consumer, "decode")
+        parser = SseParser()
+        pending_metadata: list[bytes] = []
+        assembler = None if self.request.stream else ResponseAssembler(self.request.endpoint)
+        read_timeout = self.engine_cfg.decode_read_timeout_s
+        deadline = first_token_at
+        while True:
+            result = await transport.next_chunk(self.open_stream, deadline)
+            now = clock.now()
+            if isinstance(result, TimedOut):
+                return self._timeout(consumer, deadline)
+            if isinstance(result, StreamEnd | ConnectFailed):
+                return fault(FaultKind.CLOSED_BEFORE_DONE, "engine closed the stream before [DONE]",
+                             engine=consumer, phase="decode")
+            assert isinstance(result, Chunk)
+            if self.got_token:  # any chunk, metadata too, resets the silence timer
+                deadline = now + read_timeout if read_timeout > 0 else self.deadline.at
+                deadline = min(deadline, self.deadline.at)
+            for event in parser.feed(result.data):
+                kind = event.kind
+                if kind is EventKind.TOKEN:
+                    if not self.got_token:
+                        self.got_token = True
+                        self.first_byte_s = now - self.request.arrival
+                        if self.request.stream:
+                            await self.sink.commit(dict(SSE_HEADERS))
+                            self.committed = True
+                            for wire in pending_metadata:
+                                await self.sink.send(wire)
+                            pending_metadata.clear()
+                        deadline = now + read_timeout if read_timeout > 0 else self.deadline.at
+                        deadline = min(deadline, self.deadline.at)
+                    self.tokens += 1
+                    await self._forward(event.wire(), event.payload, assembler)
+                elif kind is EventKind.METADATA:
+                    if self.committed or assembler is not None:
+                        await self._forward(event.wire(), event.payload, assembler)
+                    else:
+                        pending_metadata.append(event.wire())
+                elif kind is EventKind.ERROR:
+                    status = event.error_status or 502
+                    return fault(
+                        FaultKind.INBAND_ERROR,
+                        f"engine error in stream: {event.error_message or 'unknown error'}",
+                        engine=consumer, phase="decode", status=status,
+                    )
+                elif kind is EventKind.MALFORMED:
+                    return fault(FaultKind.MALFORMED_RESPONSE, "engine sent malformed SSE data",
+                                 engine=consumer, phase="decode")
+                else:  # DONE
+                    if not self.got_token:
+                        return fault(FaultKind.DONE_BEFORE_TOKEN, DONE_BEFORE_TOKEN_TEXT,
+                                     engine=consumer, phase="decode")
+                    await self._succeed(consumer, event.wire(), assembler)
+                    return None
+
+    async def _forward(
+        self, wire: bytes, payload: dict[str, Any] | None, assembler: ResponseAssembler | None
+    ) -> None:
+        if assembler is None:
+            await self.sink.send(wire)
+        elif payload is not None:
+            assembler.add(payload)
+
+    async def _succeed(
+        self, consumer: str, done_wire: bytes, assembler: ResponseAssembler | None
+    ) -> None:
+        now = self.ports.clock.now()
+        self.policies.breaker.on_success(consumer, self._epochs[consumer], now)
+        self.final = (200, "ok", None)
+        self.policies.log.add(now, "status", None, request=self.request.request_id, status=200,
+                              committed=self.committed)
+        if assembler is None:
+            await self.sink.send(done_wire)
+        else:
+            await self.sink.respond(200, assembler.result(), {})
+
+    def _timeout(self, consumer: str, bound: float) -> Fault:
+        if bound >= self.deadline.at:
+            return fault(FaultKind.DEADLINE, "request deadline passed while decoding",
+                         engine=None, phase="decode")
+        if not self.got_token:
+            return fault(
+                FaultKind.FIRST_TOKEN_TIMEOUT,
+                f"engine produced no token within first_token_timeout_s "
+                f"({self.engine_cfg.first_token_timeout_s:g} s)",
+                engine=consumer, phase="decode",
+            )
+        return fault(
+            FaultKind.SILENCE,
+            f"{SILENCE_TEXT} (no chunk for decode_read_timeout_s = "
+            f"{self.engine_cfg.decode_read_timeout_s:g} s)",
+            engine=consumer, phase="decode",
+        )
+
+
+async def serve_request(
+    request: ClientRequest, ports: Ports, policies: Policies, sink: ClientSink
+) -> RequestRecord:
+    """Serve one client request to its end; the record is also passed to ``policies.on_record``."""
+    return await _Lifecycle(request, ports, policies, sink).run()

@@ -1,0 +1,82 @@
+"""Placement: which engine serves each phase, and the phase reservations that count load.
+
+Rule kept here: a reservation is taken by :meth:`Placement.reserve` and released exactly once
+(release is idempotent and synchronous, so ``finally`` blocks can always run it); the counters
+are the only load signal placement uses.
+
+Theory of operation: for a phase, the candidates are the engines whose role serves it and that
+the breaker lets take traffic now (not ejected, probing or quarantined). Engines this request
+already failed on are avoided while another candidate exists (Envoy's ``previous_hosts``).
+Among candidates the one with the fewest reservations of that phase wins; ties are broken by
+the seeded RNG, so the same seed gives the same placements.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from narwhal.core.breaker import Breaker
+from narwhal.core.config import Role
+from narwhal.core.records import DecisionLog
+
+PHASES = ("prefill", "decode")
+
+
+@dataclass
+class Reservation:
+    """A prefill or decode slot held on one engine by one attempt."""
+
+    url: str
+    phase: str
+    epoch: int
+    _placement: Placement = field(repr=False)
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._placement.counts[self.url][self.phase] -= 1
+
+
+class Placement:
+    """Chooses engines and tracks reservations in flight."""
+
+    def __init__(
+        self, roles: dict[str, Role], breaker: Breaker, rng: random.Random, log: DecisionLog
+    ) -> None:
+        self._roles = roles
+        self._breaker = breaker
+        self._rng = rng
+        self._log = log
+        self.counts: dict[str, dict[str, int]] = {url: dict.fromkeys(PHASES, 0) for url in roles}
+
+    def serves(self, url: str, phase: str) -> bool:
+        role = self._roles[url]
+        return role.produces if phase == "prefill" else role.consumes
+
+    def candidates(self, phase: str, now: float) -> list[str]:
+        return [
+            url
+            for url in self._roles
+            if self.serves(url, phase) and self._breaker.placeable(url, now)
+        ]
+
+    def choose(self, phase: str, now: float, avoid: Collection[str] = ()) -> str | None:
+        """The engine for ``phase``, or None when no engine of that role is eligible."""
+        candidates = self.candidates(phase, now)
+        preferred = [url for url in candidates if url not in avoid] or candidates
+        if not preferred:
+            return None
+        least = min(self.counts[url][phase] for url in preferred)
+        tied = [url for url in preferred if self.counts[url][phase] == least]
+        return tied[0] if len(tied) == 1 else self._rng.choice(tied)
+
+    def reserve(self, url: str, phase: str, now: float, request_id: str) -> Reservation:
+        self.counts[url][phase] += 1
+        self._log.add(now, "place", url, phase=phase, request=request_id)
+        return Reservation(url, phase, self._breaker.epoch(url), self)
+
+    def in_flight(self) -> int:
+        return sum(sum(c.values()) for c in self.counts.values())

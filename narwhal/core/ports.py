@@ -1,0 +1,163 @@
+"""The ports: the only way core code touches time, engines and the client.
+
+Rule kept here: nothing in this module performs I/O. It declares the values that cross the
+boundary between the pure core and a driver (live: anyio + httpx + ASGI; simulation: SimPy), and
+the Protocols a driver implements.
+
+Theory of operation: core coroutines (``async def``) await only objects returned by these
+ports. Live, the port methods are real coroutines scheduled by anyio. In the simulation, they
+return small awaitables that yield a request to a driver, which turns it into SimPy events and
+sends the result back. Deadlines are absolute times on the port's clock and are passed as
+arguments; core never starts timers of its own. Results are immutable values, never exceptions,
+so that one lifecycle handles every outcome explicitly. The only exception that crosses a port is
+:class:`ClientGone` (the client went away), raised by the client sink, and whatever cancellation
+the driver uses; core cleans up in ``finally`` blocks with synchronous calls only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# ---------------------------------------------------------------- engine-call results
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A complete (non-streaming) HTTP response from an engine."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ConnectFailed:
+    """The engine could not be reached or dropped the connection before a full response."""
+
+    reason: str  # "refused" | "reset" | free text from the transport
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """The deadline passed before the awaited thing happened."""
+
+
+CallResult = Reply | ConnectFailed | TimedOut
+
+
+class StreamHandle(Protocol):
+    """An open upstream stream; opaque to core except for its status and error body."""
+
+    @property
+    def status(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class StreamOpened:
+    """Response headers arrived. ``body`` holds the whole body when ``status != 200``."""
+
+    handle: Any
+    status: int
+    body: bytes = b""
+
+
+OpenResult = StreamOpened | ConnectFailed | TimedOut
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Bytes read from an upstream stream (any transport chunk, metadata or not)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """The upstream closed the stream cleanly (EOF)."""
+
+
+ChunkResult = Chunk | StreamEnd | ConnectFailed | TimedOut
+
+
+class ClientGone(Exception):  # noqa: N818 - it is an event, not an error of ours
+    """The client disconnected; raised by a :class:`ClientSink` method."""
+
+
+# ---------------------------------------------------------------- the ports
+
+
+class Clock(Protocol):
+    """Time as the driver defines it (monotonic seconds for live, SimPy time in the simulation)."""
+
+    def now(self) -> float: ...
+
+    def wall(self) -> float:
+        """Seconds since the epoch, for display only (``/status``)."""
+        ...
+
+    def sleep(self, seconds: float) -> Awaitable[None]: ...
+
+
+class Transport(Protocol):
+    """Calls engines. Every method returns a result value; none raises for engine faults."""
+
+    def call(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        headers: dict[str, str],
+        deadline: float,
+    ) -> Awaitable[CallResult]: ...
+
+    def open_stream(
+        self,
+        url: str,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        deadline: float,
+    ) -> Awaitable[OpenResult]: ...
+
+    def next_chunk(self, handle: Any, deadline: float) -> Awaitable[ChunkResult]: ...
+
+    def close_stream(self, handle: Any) -> None:
+        """Abandon a stream (aborting the engine request). Synchronous: safe in ``finally``."""
+        ...
+
+    def release_handoff(self, producer_url: str, descriptor: dict[str, Any]) -> None:
+        """Best effort, fire and forget: free a producer's KV blocks nobody will pull."""
+        ...
+
+
+class ClientSink(Protocol):
+    """Where the response to the client goes. Raises :class:`ClientGone` if the client left."""
+
+    def respond(
+        self, status: int, body: dict[str, Any], headers: dict[str, str]
+    ) -> Awaitable[None]:
+        """A complete JSON response (errors before commit, non-streaming successes)."""
+        ...
+
+    def commit(self, headers: dict[str, str]) -> Awaitable[None]:
+        """Send HTTP 200 and SSE headers: the commit point of a streaming response."""
+        ...
+
+    def send(self, data: bytes) -> Awaitable[None]:
+        """Send SSE bytes after commit."""
+        ...
+
+
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+
+
+@dataclass
+class Ports:
+    """What a driver hands to the core. ``spawn`` runs a background coroutine concurrently."""
+
+    clock: Clock
+    transport: Transport
+    spawn: Spawn

@@ -1,0 +1,103 @@
+"""Client requests and the two engine legs built from them.
+
+Rule kept here: client-supplied ``kv_transfer_params`` never reach an engine — they are dropped
+when the request is parsed, before anything else sees it. Bodies are built from the parsed
+request only.
+
+Theory of operation: :func:`parse_client_request` checks the OpenAI shape just enough to route it
+(the engine validates the rest and its 4xx is passed through). :func:`prefill_body` makes the
+producer's one-token, non-streaming request; :func:`decode_body` the consumer's streaming request
+carrying the validated descriptor (crossed decode) or no transfer parameters (same worker).
+Decode always streams upstream, so timeouts and the commit point work the same for streaming and
+non-streaming clients; a non-streaming client gets the stream assembled into one response.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+ENDPOINTS = (COMPLETIONS, CHAT)
+
+_PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
+
+
+class BadRequest(ValueError):
+    """The client's request cannot be routed; the message is sent back with HTTP 400."""
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    """A parsed, sanitised client request. ``body`` never holds ``kv_transfer_params``."""
+
+    request_id: str
+    endpoint: str
+    body: dict[str, Any]
+    arrival: float
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream", False))
+
+
+def _positive_int(body: dict[str, Any], key: str) -> None:
+    value = body.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest(f"'{key}' must be a positive integer, got {value!r}")
+
+
+def parse_client_request(
+    endpoint: str, body: object, *, request_id: str, arrival: float
+) -> ClientRequest:
+    """Validate the routing-relevant shape of a client body; raise :class:`BadRequest`."""
+    if endpoint not in ENDPOINTS:
+        raise BadRequest(f"unsupported endpoint {endpoint!r}")
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    if endpoint == COMPLETIONS:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
+            raise BadRequest("'prompt' is required (a string or a non-empty list)")
+    else:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' is required (a non-empty list)")
+        if not all(isinstance(m, dict) for m in messages):
+            raise BadRequest("each of 'messages' must be an object")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be a boolean")
+    _positive_int(body, "max_tokens")
+    _positive_int(body, "max_completion_tokens")
+    _positive_int(body, "n")
+    clean = {k: copy.deepcopy(v) for k, v in body.items() if k != "kv_transfer_params"}
+    return ClientRequest(request_id=request_id, endpoint=endpoint, body=clean, arrival=arrival)
+
+
+def prefill_body(request: ClientRequest, kv_params: dict[str, Any]) -> dict[str, Any]:
+    """The producer leg: one token, not streamed; the token is discarded."""
+    body = {k: copy.deepcopy(v) for k, v in request.body.items() if k not in _PREFILL_DROPPED}
+    body["stream"] = False
+    body["max_tokens"] = 1
+    if "max_completion_tokens" in request.body:
+        body["max_completion_tokens"] = 1
+    body["kv_transfer_params"] = copy.deepcopy(kv_params)
+    return body
+
+
+def decode_body(request: ClientRequest, descriptor: dict[str, Any] | None) -> dict[str, Any]:
+    """The consumer leg: the original request, streamed, with the validated descriptor.
+
+    ``descriptor=None`` is same-worker decode: no transfer parameters at all.
+    """
+    body = copy.deepcopy(request.body)
+    body["stream"] = True
+    if not request.stream:
+        body["stream_options"] = {"include_usage": True}
+    if descriptor is not None:
+        body["kv_transfer_params"] = copy.deepcopy(descriptor)
+    return body

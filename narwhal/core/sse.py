@@ -1,0 +1,282 @@
+"""Server-sent events from an engine: an incremental parser and a classifier.
+
+Rule kept here: pure code. Nothing in this module performs I/O, reads a clock, uses randomness or
+knows about asyncio/anyio/httpx. Bytes go in, immutable :class:`SseEvent` values come out.
+
+Theory of operation: an engine's streaming response body arrives as byte chunks cut at arbitrary
+points. :class:`SseParser` follows the WHATWG event-stream grammar: it splits the bytes into lines
+(ended by CRLF, LF or CR; a CR that ends one chunk swallows an LF that starts the next), drops
+comment lines (leading ``:``), accumulates the ``data`` field (one leading space after the colon
+removed, several lines joined with ``\\n``), ignores every other field, and dispatches an event on
+each blank line that follows at least one ``data`` line. Only complete lines are decoded (UTF-8,
+invalid bytes replaced), so a multi-byte character split across chunks is never torn; a UTF-8 byte
+order mark at the very start of the stream is dropped. Every chunk is scanned once: the
+unterminated tail is kept aside and only joined when its line ends, so the work is linear in the
+stream's length however it is cut. At end of stream :meth:`SseParser.close` discards an
+unterminated event, as the specification says, and :attr:`SseParser.pending` tells whether there
+was one (a truncated stream).
+
+:func:`classify` turns one event's data into a kind the router acts on (vLLM's shapes, see
+FACTS.md section 2): ``[DONE]`` ends the stream; a JSON object with a truthy ``error`` key, or
+``"object": "error"``, is an in-band error (the status to report is its ``code`` when that is an
+HTTP error code, else 502); a completions choice with non-empty ``text`` or a chat delta with
+non-empty ``content``, ``reasoning_content``, ``reasoning``, ``tool_calls`` or ``function_call`` is
+a generated token; any other JSON object (chat role chunk, usage chunk, finish_reason-only chunk)
+is metadata; anything else is malformed. :meth:`SseEvent.wire` re-encodes an event for forwarding
+to the client byte-for-byte as vLLM would have sent it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "DEFAULT_ERROR_STATUS",
+    "EventKind",
+    "SseEvent",
+    "SseParser",
+    "SseTooLarge",
+    "classify",
+]
+
+DEFAULT_ERROR_STATUS = 502
+"""Status reported for an in-band error whose ``code`` is missing or not an HTTP error code."""
+
+_DONE = "[DONE]"
+_UTF8_BOM = b"\xef\xbb\xbf"
+_EOL = re.compile(r"\r\n|\r|\n")
+# Chat delta fields whose non-empty value means the engine generated output.
+_DELTA_OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call")
+
+
+class EventKind(enum.Enum):
+    """What one server-sent event means to the router."""
+
+    TOKEN = "token"
+    """Generated output: a completions ``text`` or a chat delta carrying content."""
+    METADATA = "metadata"
+    """A valid JSON chunk that carries no generated output (role, usage, finish_reason)."""
+    ERROR = "error"
+    """An in-band error object sent after the response was committed."""
+    DONE = "done"
+    """``data: [DONE]``, the normal end of an OpenAI-style stream."""
+    MALFORMED = "malformed"
+    """Data that is neither ``[DONE]`` nor a JSON object."""
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One dispatched server-sent event, classified.
+
+    ``payload`` is the parsed JSON object (``None`` for DONE and MALFORMED); it is shared, not
+    copied, so treat it as read-only. It takes no part in hashing. ``error_status`` and
+    ``error_message`` are set for ERROR events only.
+    """
+
+    kind: EventKind
+    data: str
+    payload: dict[str, Any] | None = field(default=None, hash=False)
+    error_status: int | None = None
+    error_message: str | None = None
+
+    def wire(self) -> bytes:
+        """The event encoded for forwarding: a ``data: `` line per line of data, then a blank line.
+
+        Parsing the result gives back an event equal to this one. A CR or CRLF inside ``data``
+        (possible only for an event built by hand) becomes a line break like LF.
+        """
+        data = self.data
+        if "\n" not in data and "\r" not in data:
+            return b"data: " + data.encode("utf-8") + b"\n\n"
+        lines = _EOL.split(data)
+        return "".join(f"data: {line}\n" for line in lines).encode("utf-8") + b"\n"
+
+
+# ---------------------------------------------------------------- classification
+
+
+def classify(data: str) -> SseEvent:
+    """Classify one event's data field (see :class:`EventKind`)."""
+    if data == _DONE or data.strip() == _DONE:
+        return SseEvent(EventKind.DONE, data)
+    try:
+        payload = json.loads(data)
+    except (ValueError, RecursionError):
+        return SseEvent(EventKind.MALFORMED, data)
+    if not isinstance(payload, dict):
+        return SseEvent(EventKind.MALFORMED, data)
+
+    error = payload.get("error")
+    if error or payload.get("object") == "error":
+        status, message = _error_details(payload, error)
+        return SseEvent(EventKind.ERROR, data, payload, status, message)
+    kind = EventKind.TOKEN if _has_output(payload) else EventKind.METADATA
+    return SseEvent(kind, data, payload)
+
+
+def _has_output(payload: dict[str, Any]) -> bool:
+    choices = payload.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        text = choice.get("text")
+        if isinstance(text, str) and text:
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            for name in _DELTA_OUTPUT_FIELDS:
+                value = delta.get(name)
+                if isinstance(value, str | list | dict) and value:
+                    return True
+    return False
+
+
+def _error_details(payload: dict[str, Any], error: Any) -> tuple[int, str]:
+    """The HTTP status and message to report for an in-band error.
+
+    ``{"error": {...}}`` (vLLM's shape) reads ``code`` and ``message`` inside the error object;
+    ``{"object": "error", ...}`` (older vLLM) and ``{"error": "text"}`` read them at top level.
+    """
+    source: dict[str, Any] = error if isinstance(error, dict) else payload
+    status = _http_error_code(source.get("code"))
+    message = source.get("message")
+    if isinstance(message, str) and message:
+        return status, message
+    if isinstance(error, str) and error:
+        return status, error
+    kind = source.get("type")
+    if isinstance(kind, str) and kind:
+        return status, kind
+    return status, "upstream sent an error event"
+
+
+def _http_error_code(code: Any) -> int:
+    value: int | None = None
+    if isinstance(code, int) and not isinstance(code, bool):
+        value = code
+    elif isinstance(code, str):
+        text = code.strip()
+        if text.isascii() and text.isdigit() and len(text) == 3:
+            value = int(text)
+    if value is not None and 400 <= value <= 599:
+        return value
+    return DEFAULT_ERROR_STATUS
+
+
+# ---------------------------------------------------------------- incremental parsing
+
+
+class SseTooLarge(ValueError):
+    """The event being assembled grew past the parser's ``max_event_bytes``."""
+
+
+class SseParser:
+    """Incremental parser: feed arbitrary byte chunks, get complete events.
+
+    ``max_event_bytes`` (default: no limit) bounds the bytes held for one event that is still
+    being assembled (its data lines plus the unterminated line); going past it raises
+    :class:`SseTooLarge` from :meth:`feed`, so a peer that never ends a line cannot exhaust memory.
+    """
+
+    __slots__ = (
+        "_closed",
+        "_data",
+        "_data_bytes",
+        "_max_event_bytes",
+        "_partial",
+        "_skip_lf",
+        "_start",
+    )
+
+    def __init__(self, *, max_event_bytes: int | None = None) -> None:
+        self._max_event_bytes = max_event_bytes
+        self._partial = bytearray()  # the current line, not yet terminated
+        self._data: list[str] = []  # data lines of the event being assembled
+        self._data_bytes = 0
+        self._skip_lf = False  # the last chunk ended in CR: an LF starting the next is its pair
+        self._start = True  # no line completed yet: a leading BOM is still to be dropped
+        self._closed = False
+
+    @property
+    def pending(self) -> bool:
+        """Whether bytes of an unfinished event are held (after :meth:`close`: were discarded)."""
+        return bool(self._partial) or bool(self._data)
+
+    def feed(self, chunk: bytes) -> list[SseEvent]:
+        """Take the next bytes of the stream; return the events they complete, in order."""
+        if self._closed:
+            raise RuntimeError("SseParser.feed() after close()")
+        events: list[SseEvent] = []
+        if not chunk:
+            return events
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[0] == 0x0A:
+                chunk = chunk[1:]
+                if not chunk:
+                    return events
+        # bytes.splitlines splits on exactly CR, LF and CRLF, in C, in one pass.
+        pieces = chunk.splitlines(keepends=True)
+        last = pieces[-1]
+        if last[-1] not in (0x0A, 0x0D):
+            pieces.pop()  # unterminated tail: keep it for later
+        else:
+            last = b""
+            self._skip_lf = chunk[-1] == 0x0D
+        for piece in pieces:
+            cut = 2 if piece.endswith(b"\r\n") else 1
+            if self._partial:
+                self._partial += piece[:-cut]
+                line = bytes(self._partial)
+                self._partial.clear()
+            else:
+                line = piece[:-cut]
+            if self._start:
+                self._start = False
+                if line.startswith(_UTF8_BOM):
+                    line = line[3:]
+            if not line:
+                if self._data:
+                    events.append(classify("\n".join(self._data)))
+                    self._data.clear()
+                    self._data_bytes = 0
+                continue
+            self._line(line)
+        if last:
+            self._partial = bytearray(bytes(self._partial) + last)
+        if self._max_event_bytes is not None:
+            self._check_size()
+        return events
+
+    def close(self) -> list[SseEvent]:
+        """End of stream. An unterminated trailing event is discarded (see :attr:`pending`)."""
+        self._closed = True
+        return []
+
+    def _line(self, line: bytes) -> None:
+        if line[0] == 0x3A:  # ":" comment
+            return
+        colon = line.find(b":")
+        if colon < 0:
+            if line == b"data":
+                self._data.append("")
+            return
+        if line[:colon] != b"data":
+            return  # event, id, retry and unknown fields do not affect what is forwarded
+        start = colon + 2 if line[colon + 1 : colon + 2] == b" " else colon + 1
+        self._data.append(line[start:].decode("utf-8", errors="replace"))
+        self._data_bytes += len(line)
+
+    def _check_size(self) -> None:
+        assert self._max_event_bytes is not None
+        if self._data_bytes + len(self._partial) > self._max_event_bytes:
+            raise SseTooLarge(
+                f"server-sent event over {self._max_event_bytes} bytes "
+                f"({self._data_bytes + len(self._partial)} held)"
+            )
