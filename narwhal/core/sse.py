@@ -249,7 +249,7 @@ class SseParser:
                 continue
             self._line(line)
         if last:
-            self._partial = bytearray(bytes(self._partial) + last)
+            self._partial += last
         if self._max_event_bytes is not None:
             self._check_size()
         return events

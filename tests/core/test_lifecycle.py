@@ -1,0 +1,377 @@
+"""The request lifecycle over the whole fault x phase matrix, with scripted engines.
+
+For each fault, with and without a retry available: the client's outcome (status, or the
+terminal SSE event after commit), whether the engine is charged, the attempts made (fresh
+backend request ids each), and every reservation released.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from narwhal.core.config import parse_config
+from narwhal.core.errors import DONE_BEFORE_TOKEN_TEXT, SILENCE_TEXT
+from narwhal.core.lifecycle import serve_request
+from narwhal.core.policies import Policies
+from narwhal.core.records import RequestRecord
+from narwhal.core.requests import CHAT, COMPLETIONS, parse_client_request
+from tests.core.scripted import (
+    DONE,
+    ROLE_CHUNK,
+    USAGE_CHUNK,
+    Cancelled,
+    Decode,
+    Prefill,
+    RecordingSink,
+    ScriptedTransport,
+    VirtualClock,
+    descriptor,
+    inband_error,
+    make_ports,
+    run,
+    token,
+)
+
+P0, P1, D0, D1 = ("http://p0", "http://p1", "http://d0", "http://d1")
+
+
+def config(max_attempts: int = 1, **engine: float) -> Any:
+    return parse_config({
+        "engine": {"first_token_timeout_s": 1.0, "decode_read_timeout_s": 0.5,
+                   "request_timeout_s": 30.0, "max_handoff_age_s": 2.0, **engine},
+        "recovery": {"eject_after": 3, "max_attempts": max_attempts},
+        "engines": [{"url": P0, "role": "prefill"}, {"url": P1, "role": "prefill"},
+                    {"url": D0, "role": "decode"}, {"url": D1, "role": "decode"}],
+    })
+
+
+@dataclass
+class Outcome:
+    record: RequestRecord | None
+    sink: RecordingSink
+    transport: ScriptedTransport
+    policies: Policies
+    clock: VirtualClock
+
+
+def serve(scripts: dict[str, list[Any]], *, max_attempts: int = 1, stream: bool = True,
+          endpoint: str = COMPLETIONS, sink: RecordingSink | None = None,
+          cancel_after: float | None = None, body: dict[str, Any] | None = None,
+          **engine: float) -> Outcome:
+    clock = VirtualClock()
+    transport = ScriptedTransport(clock, scripts)
+    records: list[RequestRecord] = []
+    policies = Policies(config(max_attempts, **engine), seed=7, on_record=records.append)
+    sink = sink or RecordingSink()
+    if body is None:
+        body = ({"prompt": "hello", "max_tokens": 4} if endpoint == COMPLETIONS
+                else {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    request = parse_client_request(endpoint, {**body, "stream": stream},
+                                   request_id="req1", arrival=clock.now())
+    if cancel_after is not None:
+        clock.cancel_at = clock.now() + cancel_after
+    try:
+        run(serve_request(request, make_ports(clock, transport), policies, sink))
+    except Cancelled:
+        pass
+    assert len(records) == 1, "every request ends with exactly one record"
+    return Outcome(records[0], sink, transport, policies, clock)
+
+
+def streaks(out: Outcome) -> dict[str, int]:
+    return {u: out.policies.breaker.health(u).streak for u in (P0, P1, D0, D1)}
+
+
+def assert_clean(out: Outcome) -> None:
+    assert out.policies.placement.in_flight() == 0, "every reservation released"
+    assert out.policies.budget.active_requests == 0
+    assert out.policies.budget.active_retries == 0
+    ids = [headers["X-Request-Id"] for *_, headers in out.transport.calls]
+    assert len(ids) == len(set(ids)), "fresh backend request ids for every leg"
+    assert all(s.closed for s in out.transport.opened), "every upstream stream closed"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    scripts: dict[str, list[Any]]
+    status: int
+    charged: str | None  # "prefill" | "decode" | None
+    retryable: bool
+    committed: bool = False
+    message: str | None = None
+
+
+SILENT_AFTER_TOKEN = Decode(items=((0.01, token("A")),), end="hang")
+CASES = [
+    Case("refused_prefill", {"prefill": [Prefill(connect="refused")]}, 502, "prefill", True),
+    Case("refused_decode", {"decode": [Decode(connect="refused")]}, 502, "decode", True),
+    Case("reset_prefill", {"prefill": [Prefill(connect="reset")]}, 502, "prefill", True),
+    Case("reset_decode_before_token", {"decode": [Decode(items=(), end="reset")]}, 502,
+         "decode", True),
+    Case("5xx_prefill", {"prefill": [Prefill(status=500)]}, 502, "prefill", True),
+    Case("5xx_decode", {"decode": [Decode(status=503)]}, 502, "decode", True),
+    Case("4xx_prefill", {"prefill": [Prefill(status=400)]}, 400, None, False),
+    Case("4xx_decode", {"decode": [Decode(status=404)]}, 404, None, False),
+    Case("malformed_prefill_json", {"prefill": [Prefill(raw=b"<html>oops")]}, 502,
+         "prefill", True),
+    Case("bad_descriptor", {"prefill": [Prefill(kv={**descriptor(), "remote_engine_id": ""})]},
+         502, "prefill", True),
+    Case("first_token_timeout", {"decode": [Decode(items=((0.1, USAGE_CHUNK),), end="hang")]},
+         504, "decode", True),
+    Case("hang_before_headers", {"decode": [Decode(hang_before_headers=True)]}, 504, "decode",
+         True),
+    Case("silence_after_first_token", {"decode": [SILENT_AFTER_TOKEN]}, 504, "decode", False,
+         committed=True, message=SILENCE_TEXT),
+    Case("close_before_done_before_token", {"decode": [Decode(items=(), end="eof")]}, 502,
+         "decode", True),
+    Case("close_before_done_after_token",
+         {"decode": [Decode(items=((0.01, token("A")),), end="eof")]}, 502, "decode", False,
+         committed=True),
+    Case("done_before_any_token", {"decode": [Decode(items=((0.01, DONE),))]}, 502, "decode",
+         True, message=DONE_BEFORE_TOKEN_TEXT),
+    Case("inband_error_before_token",
+         {"decode": [Decode(items=((0.01, inband_error(500)), (0.0, DONE)))]}, 500, "decode",
+         True),
+    Case("inband_4xx_before_token",
+         {"decode": [Decode(items=((0.01, inband_error(400)), (0.0, DONE)))]}, 400, None, False),
+    Case("inband_error_after_token",
+         {"decode": [Decode(items=((0.01, token("A")), (0.01, inband_error(503)), (0.0, DONE)))]},
+         503, "decode", False, committed=True),
+    Case("inband_error_without_code",
+         {"decode": [Decode(items=((0.01, inband_error(None)),))]}, 502, "decode", True),
+    Case("handoff_too_old", {"prefill": [Prefill(delay=5.0)]}, 504, "prefill", True),
+    Case("malformed_sse", {"decode": [Decode(items=((0.01, b"data: {not json\n\n"),))]}, 502,
+         "decode", True),
+]
+
+
+def charged_engines(out: Outcome) -> set[str]:
+    return {u for u, n in streaks(out).items() if n > 0}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_fault_without_retry(case: Case) -> None:
+    out = serve(case.scripts, max_attempts=1)
+    assert out.record is not None
+    assert out.record.attempts == 1
+    assert out.record.status == case.status
+    assert out.record.committed == case.committed
+    if case.committed:
+        assert out.sink.status == 200
+        *tokens, last = out.sink.data_events()
+        assert tokens and all("choices" in t for t in tokens)
+        assert last["error"]["code"] == case.status
+        if case.message:
+            assert last["error"]["message"].startswith(case.message)
+    else:
+        assert out.sink.status == case.status
+        assert out.sink.body is not None and "error" in out.sink.body
+        if case.message:
+            assert out.sink.body["error"]["message"] == case.message
+    charged = charged_engines(out)
+    if case.charged is None:
+        assert charged == set()
+    else:
+        (engine,) = charged
+        assert engine in ((P0, P1) if case.charged == "prefill" else (D0, D1))
+    assert_clean(out)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_fault_with_retry_available(case: Case) -> None:
+    out = serve(case.scripts, max_attempts=2)
+    assert out.record is not None
+    if case.retryable:
+        assert out.record.attempts == 2
+        assert out.record.status == 200
+        assert [e["choices"][0]["text"] for e in out.sink.data_events()[:-1]] == ["A", "B"]
+        # the retry went elsewhere: the failed engine is not reused while another is eligible
+        failed = charged_engines(out)
+        assert not failed & set(out.record.engines[2:])
+    else:
+        assert out.record.attempts == 1
+        assert out.record.status == case.status
+    assert_clean(out)
+
+
+def test_success_streams_exactly_the_engine_tokens_and_measures() -> None:
+    items = ((0.2, token("A")), (0.1, token("B")), (0.1, USAGE_CHUNK), (0.0, DONE))
+    out = serve({"prefill": [Prefill(delay=0.3)], "decode": [Decode(items=items)]})
+    assert out.record is not None and out.record.status == 200
+    assert out.sink.events == [token("A"), token("B"), USAGE_CHUNK, DONE]
+    assert out.record.ttft_s == pytest.approx(0.3)
+    assert out.record.first_byte_s == pytest.approx(0.3 + 0.005 + 0.2)
+    assert out.record.output_tokens == 2
+    assert out.transport.released == []  # the consumer pulled the handoff
+    assert_clean(out)
+
+
+def test_prefill_leg_and_decode_leg_bodies() -> None:
+    body = {"prompt": "hi", "max_tokens": 9, "min_tokens": 2, "temperature": 0.5,
+            "stream_options": {"include_usage": True},
+            "kv_transfer_params": {"remote_host": "evil.example", "do_remote_prefill": True}}
+    out = serve({}, body=body)
+    (_, _, path, prefill, _), (_, kind, _, decode, _) = out.transport.calls
+    assert path == COMPLETIONS and kind == "STREAM"
+    assert prefill is not None and decode is not None
+    assert prefill["max_tokens"] == 1 and prefill["stream"] is False
+    assert "min_tokens" not in prefill and "stream_options" not in prefill
+    assert prefill["kv_transfer_params"]["do_remote_decode"] is True
+    assert prefill["kv_transfer_params"]["remote_host"] is None  # client's value never forwarded
+    assert decode["max_tokens"] == 9 and decode["temperature"] == 0.5 and decode["stream"]
+    assert decode["kv_transfer_params"] == descriptor()  # validated, opaque fields verbatim
+    assert decode["min_tokens"] == 2
+
+
+def test_same_worker_decode_sends_no_transfer_params() -> None:
+    cfg = parse_config({"engines": [{"url": "http://both", "role": "both"}]})
+    clock = VirtualClock()
+    transport = ScriptedTransport(clock, {})
+    policies = Policies(cfg, seed=1)
+    request = parse_client_request(
+        COMPLETIONS, {"prompt": "x", "stream": True,
+                      "kv_transfer_params": {"remote_host": "evil"}},
+        request_id="r", arrival=clock.now())
+    sink = RecordingSink()
+    run(serve_request(request, make_ports(clock, transport), policies, sink))
+    decode = transport.calls[1][3]
+    assert decode is not None and "kv_transfer_params" not in decode
+    assert sink.status == 200
+    assert len(transport.released) == 1  # the producer's unused blocks are given back
+
+
+def test_chat_role_chunk_is_metadata_and_flushed_on_commit() -> None:
+    items = ((0.01, ROLE_CHUNK), (0.01, token("z", chat=True)), (0.0, DONE))
+    out = serve({"decode": [Decode(items=items)]}, endpoint=CHAT)
+    assert out.sink.events == [ROLE_CHUNK, token("z", chat=True), DONE]
+    assert out.record is not None and out.record.output_tokens == 1
+
+
+def test_metadata_before_first_token_does_not_reset_first_token_timer() -> None:
+    items = tuple((0.4, USAGE_CHUNK) for _ in range(5)) + ((0.0, token("A")), (0.0, DONE))
+    out = serve({"decode": [Decode(items=items)]})
+    assert out.record is not None and out.record.status == 504
+
+
+def test_metadata_after_first_token_resets_silence_timer() -> None:
+    items = ((0.01, token("A")),) + tuple((0.4, USAGE_CHUNK) for _ in range(5)) + ((0.0, DONE),)
+    out = serve({"decode": [Decode(items=items)]})
+    assert out.record is not None and out.record.status == 200
+
+
+def test_zero_read_timeout_uses_request_deadline() -> None:
+    items = ((0.01, token("A")), (20.0, token("B")), (0.0, DONE))
+    out = serve({"decode": [Decode(items=items)]}, decode_read_timeout_s=0.0)
+    assert out.record is not None and out.record.status == 200
+    late = ((0.01, token("A")), (40.0, token("B")), (0.0, DONE))
+    out = serve({"decode": [Decode(items=late)]}, decode_read_timeout_s=0.0)
+    assert out.record is not None and out.record.status == 504
+    assert out.record.outcome == "deadline"
+
+
+def test_non_streaming_client_gets_assembled_response() -> None:
+    items = ((0.01, token("A")), (0.01, token("B")), (0.0, USAGE_CHUNK), (0.0, DONE))
+    out = serve({"decode": [Decode(items=items)]}, stream=False)
+    assert out.sink.status == 200 and out.sink.body is not None
+    assert out.sink.body["choices"][0]["text"] == "AB"
+    assert out.sink.body["usage"]["completion_tokens"] == 3
+    decode = out.transport.calls[1][3]
+    assert decode is not None and decode["stream"] is True
+    assert decode["stream_options"] == {"include_usage": True}
+
+
+def test_non_streaming_failure_after_first_token_is_an_http_error_not_retried() -> None:
+    out = serve({"decode": [SILENT_AFTER_TOKEN]}, stream=False, max_attempts=3)
+    assert out.sink.status == 504 and out.record is not None and out.record.attempts == 1
+
+
+def test_client_disconnect_before_first_token_releases_everything() -> None:
+    out = serve({"decode": [Decode(items=((5.0, token("A")),))]}, cancel_after=0.5)
+    assert out.record is not None and out.record.outcome == "client_gone"
+    assert charged_engines(out) == set()
+    assert_clean(out)
+
+
+def test_client_disconnect_after_commit() -> None:
+    items = tuple((0.01, token(c)) for c in "ABCDEF") + ((0.0, DONE),)
+    out = serve({"decode": [Decode(items=items)]}, sink=RecordingSink(leave_after_sends=2),
+                max_attempts=3)
+    assert out.record is not None and out.record.outcome == "client_gone"
+    assert out.record.attempts == 1 and charged_engines(out) == set()
+    assert_clean(out)
+
+
+def test_client_disconnect_during_prefill_releases_the_handoff_slot() -> None:
+    out = serve({"prefill": [Prefill(delay=1.0)]}, cancel_after=0.5)
+    assert out.record is not None and out.record.outcome == "client_gone"
+    assert_clean(out)
+
+
+def test_no_eligible_engine_is_503_with_retry_after() -> None:
+    clock = VirtualClock()
+    policies = Policies(config(), seed=3)
+    for url in (D0, D1):
+        for _ in range(3):
+            policies.breaker.on_failure(url, policies.breaker.epoch(url), clock.now())
+    transport = ScriptedTransport(clock, {})
+    sink = RecordingSink()
+    request = parse_client_request(COMPLETIONS, {"prompt": "x"}, request_id="r",
+                                   arrival=clock.now())
+    run(serve_request(request, make_ports(clock, transport), policies, sink))
+    assert sink.status == 503 and "retry-after" in sink.headers
+    assert transport.released, "the prefill's handoff is released when no consumer can take it"
+    assert policies.placement.in_flight() == 0
+
+
+def test_retry_refused_when_deadline_too_short() -> None:
+    # the first attempt burns 29.5 s of a 30 s deadline: too little is left to try again
+    out = serve({"prefill": [Prefill(delay=0.1)],
+                 "decode": [Decode(items=((29.4, b": keepalive\n\n"),), end="eof")]},
+                max_attempts=3, first_token_timeout_s=29.5)
+    assert out.record is not None and out.record.attempts == 1 and out.record.status == 502
+
+
+def test_retry_budget_exhausted_returns_original_error() -> None:
+    clock = VirtualClock()
+    transport = ScriptedTransport(clock, {"prefill": [Prefill(connect="refused")]})
+    policies = Policies(config(max_attempts=3), seed=1)
+    policies.budget.minimum = 0  # no floor and no other active requests: no room at all
+    sink = RecordingSink()
+    request = parse_client_request(COMPLETIONS, {"prompt": "x"}, request_id="r",
+                                   arrival=clock.now())
+    run(serve_request(request, make_ports(clock, transport), policies, sink))
+    assert sink.status == 502 and sink.body is not None
+    assert sink.body["error"]["message"] == "prefill engine refused"
+
+
+def test_eject_after_k_failures_through_the_lifecycle() -> None:
+    clock = VirtualClock()
+    cfg = parse_config({"engine": {"first_token_timeout_s": 1.0},
+                        "recovery": {"eject_after": 2},
+                        "engines": [{"url": P0, "role": "prefill"},
+                                    {"url": D0, "role": "decode"}]})
+    transport = ScriptedTransport(clock, {"decode": [Decode(connect="refused")] * 2})
+    policies = Policies(cfg, seed=1)
+    statuses = []
+    for i in range(3):
+        sink = RecordingSink()
+        request = parse_client_request(COMPLETIONS, {"prompt": "x"}, request_id=f"r{i}",
+                                       arrival=clock.now())
+        run(serve_request(request, make_ports(clock, transport), policies, sink))
+        statuses.append(sink.status)
+    assert statuses == [502, 502, 503]
+    assert policies.breaker.health(D0).ejected_since is not None
+    assert policies.breaker.health(D0).probe_producer == P0
+    assert [d.kind for d in policies.log.entries if d.kind == "eject"] == ["eject"]
+
+
+def test_error_body_is_openai_shaped() -> None:
+    out = serve({"prefill": [Prefill(status=502)]})
+    assert out.sink.body is not None
+    assert set(out.sink.body["error"]) == {"message", "type", "code"}
+    json.dumps(out.sink.body)
