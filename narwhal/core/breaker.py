@@ -156,9 +156,7 @@ class Breaker:
 
     def due_probes(self, now: float) -> list[str]:
         """Ejected engines whose probe is due now; each is marked PROBING (one in flight)."""
-        wave_roles = {
-            role for role in (Role.PREFILL, Role.DECODE) if self._whole_wave(role)
-        }
+        wave_roles = {role for role in (Role.PREFILL, Role.DECODE) if self._whole_wave(role)}
         due: list[str] = []
         for engine in self._engines.values():
             if engine.ejected_since is None or engine.probing:

@@ -75,7 +75,9 @@ class EngineContract(_Strict):
     @classmethod
     def _known_connector(cls, value: str) -> str:
         if value not in KNOWN_CONNECTORS:
-            raise ValueError(f"unknown connector {value!r}; expected one of {list(KNOWN_CONNECTORS)}")
+            raise ValueError(
+                f"unknown connector {value!r}; expected one of {list(KNOWN_CONNECTORS)}"
+            )
         return value
 
 

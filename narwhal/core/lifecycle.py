@@ -29,25 +29,23 @@ import json
 from typing import Any
 
 from narwhal.core.assemble import ResponseAssembler
-from narwhal.core.descriptor import DescriptorError, prefill_kv_params, validate_descriptor
-from narwhal.core.errors import DONE_BEFORE_TOKEN_TEXT, SILENCE_TEXT, Fault, FaultKind, fault
+from narwhal.core.descriptor import prefill_kv_params
+from narwhal.core.errors import Fault, FaultKind, fault
+from narwhal.core.legs import (
+    LegFault,
+    connect_fault,
+    http_fault,
+    read_prefill,
+    stream_events,
+    timeout_fault,
+)
 from narwhal.core.placement import Reservation
 from narwhal.core.policies import Policies
-from narwhal.core.ports import (
-    Chunk,
-    ClientGone,
-    ClientSink,
-    ConnectFailed,
-    Ports,
-    Reply,
-    StreamEnd,
-    StreamOpened,
-    TimedOut,
-)
+from narwhal.core.ports import ClientGone, ClientSink, ConnectFailed, Ports, StreamOpened, TimedOut
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import ClientRequest, decode_body, prefill_body
 from narwhal.core.retry import Deadline, handoff_too_old
-from narwhal.core.sse import EventKind, SseParser
+from narwhal.core.sse import EventKind
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 CLIENT_GONE_STATUS = 499  # nginx's convention for "client closed request"
@@ -114,7 +112,10 @@ class _Lifecycle:
                 if self._may_retry(failure, now) and budget.try_acquire():
                     holding_retry = True
                     self.policies.log.add(
-                        now, "retry", failure.engine, request=self.request.request_id,
+                        now,
+                        "retry",
+                        failure.engine,
+                        request=self.request.request_id,
                         fault=failure.kind.value,
                     )
                     continue
@@ -152,7 +153,11 @@ class _Lifecycle:
         now = self.ports.clock.now()
         self.final = (failure.status, failure.kind.value, failure.message)
         self.policies.log.add(
-            now, "status", None, request=self.request.request_id, status=failure.status,
+            now,
+            "status",
+            None,
+            request=self.request.request_id,
+            status=failure.status,
             committed=self.committed,
         )
         if self.committed:
@@ -221,7 +226,9 @@ class _Lifecycle:
         self._producer = None
         now = clock.now()
         if self.deadline.expired(now):
-            return fault(FaultKind.DEADLINE, "request deadline passed", engine=None, phase="request")
+            return fault(
+                FaultKind.DEADLINE, "request deadline passed", engine=None, phase="request"
+            )
         producer = policies.placement.choose("prefill", now, self.failed_engines)
         if producer is None:
             return self._no_engine("prefill")
@@ -234,8 +241,12 @@ class _Lifecycle:
         age_bound = leg_started + self.engine_cfg.max_handoff_age_s
         leg_deadline = min(self.deadline.at, age_bound)
         result = await transport.call(
-            producer, "POST", self.request.endpoint, prefill_body(self.request, kv_params),
-            {"X-Request-Id": prefill_id}, leg_deadline,
+            producer,
+            "POST",
+            self.request.endpoint,
+            prefill_body(self.request, kv_params),
+            {"X-Request-Id": prefill_id},
+            leg_deadline,
         )
         prefill_slot.release()
         now = clock.now()
@@ -245,13 +256,20 @@ class _Lifecycle:
                     FaultKind.HANDOFF_TOO_OLD,
                     f"prefill took longer than max_handoff_age_s "
                     f"({self.engine_cfg.max_handoff_age_s:g} s)",
-                    engine=producer, phase="prefill",
+                    engine=producer,
+                    phase="prefill",
                 )
-            return fault(FaultKind.DEADLINE, "request deadline passed during prefill",
-                         engine=None, phase="prefill")
+            return fault(
+                FaultKind.DEADLINE,
+                "request deadline passed during prefill",
+                engine=None,
+                phase="prefill",
+            )
         if isinstance(result, ConnectFailed):
-            return self._connect_fault(result, producer, "prefill")
-        descriptor_or_fault = self._read_prefill(result, producer, connector)
+            return connect_fault(result, producer, "prefill")
+        descriptor_or_fault = read_prefill(
+            result, producer, connector, policies.pinned_side_channel(producer)
+        )
         if isinstance(descriptor_or_fault, Fault):
             return descriptor_or_fault
         descriptor = descriptor_or_fault
@@ -267,130 +285,76 @@ class _Lifecycle:
             return fault(
                 FaultKind.HANDOFF_TOO_OLD,
                 f"handoff older than max_handoff_age_s ({self.engine_cfg.max_handoff_age_s:g} s)",
-                engine=None, phase="decode",
+                engine=None,
+                phase="decode",
             )
         crossed = consumer != producer
         body = decode_body(self.request, descriptor if crossed else None)
         if crossed:
             self.unused_handoff = None  # the consumer owns the pull from here on
-        return await self._decode(consumer, body, policies.new_id(
-            f"{self.request.request_id}-d{self.attempts}"))
-
-    def _connect_fault(self, result: ConnectFailed, engine: str, phase: str) -> Fault:
-        kind = FaultKind.REFUSED if result.reason == "refused" else FaultKind.RESET
-        return fault(kind, f"{phase} engine {result.reason}", engine=engine, phase=phase)
-
-    def _http_fault(self, reply_status: int, raw: bytes, engine: str, phase: str) -> Fault:
-        if 400 <= reply_status < 500:
-            try:
-                parsed = json.loads(raw)
-            except ValueError:
-                parsed = None
-            body = parsed if isinstance(parsed, dict) else None
-            return fault(
-                FaultKind.ENGINE_4XX, f"{phase} engine rejected the request ({reply_status})",
-                engine=engine, phase=phase, status=reply_status, upstream_body=body,
-            )
-        return fault(
-            FaultKind.ENGINE_5XX, f"{phase} engine answered HTTP {reply_status}",
-            engine=engine, phase=phase,
+        return await self._decode(
+            consumer, body, policies.new_id(f"{self.request.request_id}-d{self.attempts}")
         )
-
-    def _read_prefill(
-        self, reply: Reply, producer: str, connector: str
-    ) -> dict[str, Any] | Fault:
-        if reply.status != 200:
-            return self._http_fault(reply.status, reply.body, producer, "prefill")
-        try:
-            payload = json.loads(reply.body)
-        except ValueError:
-            payload = None
-        if not isinstance(payload, dict):
-            return fault(FaultKind.MALFORMED_RESPONSE, "prefill response is not a JSON object",
-                         engine=producer, phase="prefill")
-        try:
-            return validate_descriptor(
-                payload.get("kv_transfer_params"), connector,
-                self.policies.pinned_side_channel(producer),
-            )
-        except DescriptorError as error:
-            return fault(
-                FaultKind.BAD_DESCRIPTOR,
-                f"invalid KV descriptor from producer ({error.reason.value}): {error.detail}",
-                engine=producer, phase="prefill",
-            )
 
     # ------------------------------------------------------------------ decode and stream
 
     async def _decode(self, consumer: str, body: dict[str, Any], decode_id: str) -> Fault | None:
-        clock, transport = self.ports.clock, self.ports.transport
+        clock, transport, cfg = self.ports.clock, self.ports.transport, self.engine_cfg
         now = clock.now()
-        first_token_at = min(self.deadline.at, now + self.engine_cfg.first_token_timeout_s)
+        first_token_at = min(self.deadline.at, now + cfg.first_token_timeout_s)
         opened = await transport.open_stream(
             consumer, self.request.endpoint, body, {"X-Request-Id": decode_id}, first_token_at
         )
         if isinstance(opened, TimedOut):
-            return self._timeout(consumer, first_token_at)
+            return timeout_fault(
+                consumer,
+                first_token_at,
+                self.deadline.at,
+                False,
+                cfg.first_token_timeout_s,
+                cfg.decode_read_timeout_s,
+            )
         if isinstance(opened, ConnectFailed):
-            return self._connect_fault(opened, consumer, "decode")
+            return connect_fault(opened, consumer, "decode")
         assert isinstance(opened, StreamOpened)
         self.open_stream = opened.handle
         if opened.status != 200:
-            return self._http_fault(opened.status, opened.body, consumer, "decode")
-        parser = SseParser()
+            return http_fault(opened.status, opened.body, consumer, "decode")
         pending_metadata: list[bytes] = []
         assembler = None if self.request.stream else ResponseAssembler(self.request.endpoint)
-        read_timeout = self.engine_cfg.decode_read_timeout_s
-        deadline = first_token_at
-        while True:
-            result = await transport.next_chunk(self.open_stream, deadline)
-            now = clock.now()
-            if isinstance(result, TimedOut):
-                return self._timeout(consumer, deadline)
-            if isinstance(result, StreamEnd | ConnectFailed):
-                return fault(FaultKind.CLOSED_BEFORE_DONE, "engine closed the stream before [DONE]",
-                             engine=consumer, phase="decode")
-            assert isinstance(result, Chunk)
-            if self.got_token:  # any chunk, metadata too, resets the silence timer
-                deadline = now + read_timeout if read_timeout > 0 else self.deadline.at
-                deadline = min(deadline, self.deadline.at)
-            for event in parser.feed(result.data):
-                kind = event.kind
-                if kind is EventKind.TOKEN:
+        events = stream_events(
+            transport,
+            clock,
+            opened.handle,
+            consumer,
+            first_token_at=first_token_at,
+            first_token_timeout_s=cfg.first_token_timeout_s,
+            decode_read_timeout_s=cfg.decode_read_timeout_s,
+            request_deadline=self.deadline.at,
+        )
+        try:
+            async for now, event in events:
+                if event.kind is EventKind.TOKEN:
                     if not self.got_token:
                         self.got_token = True
                         self.first_byte_s = now - self.request.arrival
-                        if self.request.stream:
+                        if assembler is None:
                             await self.sink.commit(dict(SSE_HEADERS))
                             self.committed = True
                             for wire in pending_metadata:
                                 await self.sink.send(wire)
-                            pending_metadata.clear()
-                        deadline = now + read_timeout if read_timeout > 0 else self.deadline.at
-                        deadline = min(deadline, self.deadline.at)
                     self.tokens += 1
                     await self._forward(event.wire(), event.payload, assembler)
-                elif kind is EventKind.METADATA:
+                elif event.kind is EventKind.METADATA:
                     if self.committed or assembler is not None:
                         await self._forward(event.wire(), event.payload, assembler)
                     else:
                         pending_metadata.append(event.wire())
-                elif kind is EventKind.ERROR:
-                    status = event.error_status or 502
-                    return fault(
-                        FaultKind.INBAND_ERROR,
-                        f"engine error in stream: {event.error_message or 'unknown error'}",
-                        engine=consumer, phase="decode", status=status,
-                    )
-                elif kind is EventKind.MALFORMED:
-                    return fault(FaultKind.MALFORMED_RESPONSE, "engine sent malformed SSE data",
-                                 engine=consumer, phase="decode")
-                else:  # DONE
-                    if not self.got_token:
-                        return fault(FaultKind.DONE_BEFORE_TOKEN, DONE_BEFORE_TOKEN_TEXT,
-                                     engine=consumer, phase="decode")
+                else:  # DONE after at least one token
                     await self._succeed(consumer, event.wire(), assembler)
-                    return None
+        except LegFault as leg:
+            return leg.fault
+        return None
 
     async def _forward(
         self, wire: bytes, payload: dict[str, Any] | None, assembler: ResponseAssembler | None
@@ -406,30 +370,18 @@ class _Lifecycle:
         now = self.ports.clock.now()
         self.policies.breaker.on_success(consumer, self._epochs[consumer], now)
         self.final = (200, "ok", None)
-        self.policies.log.add(now, "status", None, request=self.request.request_id, status=200,
-                              committed=self.committed)
+        self.policies.log.add(
+            now,
+            "status",
+            None,
+            request=self.request.request_id,
+            status=200,
+            committed=self.committed,
+        )
         if assembler is None:
             await self.sink.send(done_wire)
         else:
             await self.sink.respond(200, assembler.result(), {})
-
-    def _timeout(self, consumer: str, bound: float) -> Fault:
-        if bound >= self.deadline.at:
-            return fault(FaultKind.DEADLINE, "request deadline passed while decoding",
-                         engine=None, phase="decode")
-        if not self.got_token:
-            return fault(
-                FaultKind.FIRST_TOKEN_TIMEOUT,
-                f"engine produced no token within first_token_timeout_s "
-                f"({self.engine_cfg.first_token_timeout_s:g} s)",
-                engine=consumer, phase="decode",
-            )
-        return fault(
-            FaultKind.SILENCE,
-            f"{SILENCE_TEXT} (no chunk for decode_read_timeout_s = "
-            f"{self.engine_cfg.decode_read_timeout_s:g} s)",
-            engine=consumer, phase="decode",
-        )
 
 
 async def serve_request(

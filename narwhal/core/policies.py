@@ -38,8 +38,12 @@ class Policies:
             self.log,
             contract_configured=config.engine_contract is not None,
         )
-        self.placement = Placement(roles, self.breaker, random.Random(root.getrandbits(64)), self.log)
-        self.budget = RetryBudget(config.recovery.retry_budget_ratio, config.recovery.retry_budget_min)
+        self.placement = Placement(
+            roles, self.breaker, random.Random(root.getrandbits(64)), self.log
+        )
+        self.budget = RetryBudget(
+            config.recovery.retry_budget_ratio, config.recovery.retry_budget_min
+        )
         self._ids = random.Random(root.getrandbits(64))
         self.on_record = on_record or (lambda record: None)
 

@@ -81,7 +81,7 @@ class StreamEnd:
 ChunkResult = Chunk | StreamEnd | ConnectFailed | TimedOut
 
 
-class ClientGone(Exception):  # noqa: N818 - it is an event, not an error of ours
+class ClientGone(Exception):
     """The client disconnected; raised by a :class:`ClientSink` method."""
 
 

@@ -44,13 +44,15 @@ async def contract_problems(url: str, ports: Ports, policies: Policies) -> list[
         return []
     timeout = policies.config.engine.first_token_timeout_s
     problems: list[str] = []
-    version = await ports.transport.call(url, "GET", "/version", None, {},
-                                         ports.clock.now() + timeout)
+    version = await ports.transport.call(
+        url, "GET", "/version", None, {}, ports.clock.now() + timeout
+    )
     found = _json_field(version, "version")
     if found != contract.vllm_version:
         problems.append(f"version {found!r} != pinned {contract.vllm_version!r}")
-    models = await ports.transport.call(url, "GET", "/v1/models", None, {},
-                                        ports.clock.now() + timeout)
+    models = await ports.transport.call(
+        url, "GET", "/v1/models", None, {}, ports.clock.now() + timeout
+    )
     listed = _json_field(models, "data")
     names = [m.get("id") for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
     if contract.model not in names:
@@ -68,25 +70,26 @@ def _json_field(result: object, key: str) -> Any:
     return payload.get(key) if isinstance(payload, dict) else None
 
 
-async def _prefill_leg(
-    producer: str, ports: Ports, policies: Policies
-) -> dict[str, Any] | None:
+async def _prefill_leg(producer: str, ports: Ports, policies: Policies) -> dict[str, Any] | None:
     """A probe prefill on ``producer``: the validated descriptor, or None if it failed."""
     request_id = policies.new_id("probe-p")
     body = probe_request(policies, 1)
     body["stream"] = False
-    body["kv_transfer_params"] = prefill_kv_params(policies.config.kv_connector,
-                                                   transfer_id=request_id)
+    body["kv_transfer_params"] = prefill_kv_params(
+        policies.config.kv_connector, transfer_id=request_id
+    )
     deadline = ports.clock.now() + policies.config.engine.first_token_timeout_s
-    reply = await ports.transport.call(producer, "POST", COMPLETIONS, body,
-                                       {"X-Request-Id": request_id}, deadline)
+    reply = await ports.transport.call(
+        producer, "POST", COMPLETIONS, body, {"X-Request-Id": request_id}, deadline
+    )
     if not isinstance(reply, Reply) or reply.status != 200:
         return None
     try:
         payload = json.loads(reply.body)
         return validate_descriptor(
             payload.get("kv_transfer_params") if isinstance(payload, dict) else None,
-            policies.config.kv_connector, policies.pinned_side_channel(producer),
+            policies.config.kv_connector,
+            policies.pinned_side_channel(producer),
         )
     except (ValueError, DescriptorError):
         return None
@@ -101,9 +104,9 @@ async def _decode_leg(
     if descriptor is not None:
         body["kv_transfer_params"] = descriptor
     deadline = ports.clock.now() + policies.config.engine.first_token_timeout_s
-    opened = await ports.transport.open_stream(consumer, COMPLETIONS, body,
-                                               {"X-Request-Id": policies.new_id("probe-d")},
-                                               deadline)
+    opened = await ports.transport.open_stream(
+        consumer, COMPLETIONS, body, {"X-Request-Id": policies.new_id("probe-d")}, deadline
+    )
     if not isinstance(opened, StreamOpened):
         return False
     try:
@@ -172,7 +175,9 @@ async def run_probe(url: str, ports: Ports, policies: Policies) -> ProbeOutcome:
 
 async def check_health(url: str, ports: Ports, policies: Policies) -> bool:
     """GET /health; marks the engine down on failure and readmits per the breaker's rules."""
-    deadline = ports.clock.now() + min(HEALTH_TIMEOUT_S, policies.config.engine.first_token_timeout_s)
+    deadline = ports.clock.now() + min(
+        HEALTH_TIMEOUT_S, policies.config.engine.first_token_timeout_s
+    )
     reply = await ports.transport.call(url, "GET", "/health", None, {}, deadline)
     ok = isinstance(reply, Reply) and reply.status == 200
     policies.breaker.on_health(url, ports.clock.now(), ok)

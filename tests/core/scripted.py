@@ -14,8 +14,8 @@ from typing import Any
 
 from narwhal.core.ports import (
     CallResult,
-    ChunkResult,
     Chunk,
+    ChunkResult,
     ClientGone,
     ConnectFailed,
     OpenResult,
@@ -96,10 +96,19 @@ class Prefill:
             return self.raw
         if self.status != 200:
             code = self.status
-            return json.dumps({"error": {"message": "bad", "type": "BadRequestError",
-                                         "param": None, "code": code}}).encode()
-        return json.dumps({"id": "cmpl-1", "choices": [{"text": "x"}],
-                           "kv_transfer_params": self.kv}).encode()
+            return json.dumps(
+                {
+                    "error": {
+                        "message": "bad",
+                        "type": "BadRequestError",
+                        "param": None,
+                        "code": code,
+                    }
+                }
+            ).encode()
+        return json.dumps(
+            {"id": "cmpl-1", "choices": [{"text": "x"}], "kv_transfer_params": self.kv}
+        ).encode()
 
 
 def token(text: str, chat: bool = False) -> bytes:
@@ -116,9 +125,20 @@ DONE = b"data: [DONE]\n\n"
 
 
 def inband_error(code: Any = 500) -> bytes:
-    return b"data: " + json.dumps({"error": {"message": "Internal server error",
-                                             "type": "InternalServerError", "param": None,
-                                             "code": code}}).encode() + b"\n\n"
+    return (
+        b"data: "
+        + json.dumps(
+            {
+                "error": {
+                    "message": "Internal server error",
+                    "type": "InternalServerError",
+                    "param": None,
+                    "code": code,
+                }
+            }
+        ).encode()
+        + b"\n\n"
+    )
 
 
 @dataclass(frozen=True)
@@ -128,8 +148,7 @@ class Decode:
     end: "eof" (clean close), "reset", or "hang" (silence until the reader's deadline).
     """
 
-    items: tuple[tuple[float, bytes], ...] = ((0.02, token("A")), (0.02, token("B")),
-                                              (0.0, DONE))
+    items: tuple[tuple[float, bytes], ...] = ((0.02, token("A")), (0.02, token("B")), (0.0, DONE))
     end: str = "eof"
     open_delay: float = 0.005
     status: int = 200
@@ -154,6 +173,7 @@ class ScriptedTransport:
         self.closed: list[_Stream] = []
         self.released: list[tuple[str, dict[str, Any]]] = []
         self.opened: list[_Stream] = []
+        self.get_replies: dict[tuple[str, str], Any] = {}
 
     def _next(self, url: str, phase: str) -> Any:
         """The engine's own script first, then the shared queue of its phase, then defaults."""
@@ -170,11 +190,19 @@ class ScriptedTransport:
         self.clock.advance_to(self.clock.t + delay)
         return True
 
-    async def call(self, url: str, method: str, path: str, body: dict[str, Any] | None,
-                   headers: dict[str, str], deadline: float) -> CallResult:
+    async def call(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        headers: dict[str, str],
+        deadline: float,
+    ) -> CallResult:
         self.calls.append((url, method, path, body, dict(headers)))
         if method == "GET":
-            return Reply(200, b"{}")
+            answer = self.get_replies.get((url, path), Reply(200, b"{}"))
+            return answer if not isinstance(answer, Prefill) else ConnectFailed("refused")
         behaviour = self._next(url, "prefill")
         assert isinstance(behaviour, Prefill), behaviour
         if behaviour.connect:
@@ -184,8 +212,9 @@ class ScriptedTransport:
             return TimedOut()
         return Reply(behaviour.status, behaviour.body())
 
-    async def open_stream(self, url: str, path: str, body: dict[str, Any],
-                          headers: dict[str, str], deadline: float) -> OpenResult:
+    async def open_stream(
+        self, url: str, path: str, body: dict[str, Any], headers: dict[str, str], deadline: float
+    ) -> OpenResult:
         self.calls.append((url, "STREAM", path, body, dict(headers)))
         behaviour = self._next(url, "decode")
         assert isinstance(behaviour, Decode), behaviour

@@ -7,6 +7,7 @@ backend request ids each), and every reservation released.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -40,13 +41,24 @@ P0, P1, D0, D1 = ("http://p0", "http://p1", "http://d0", "http://d1")
 
 
 def config(max_attempts: int = 1, **engine: float) -> Any:
-    return parse_config({
-        "engine": {"first_token_timeout_s": 1.0, "decode_read_timeout_s": 0.5,
-                   "request_timeout_s": 30.0, "max_handoff_age_s": 2.0, **engine},
-        "recovery": {"eject_after": 3, "max_attempts": max_attempts},
-        "engines": [{"url": P0, "role": "prefill"}, {"url": P1, "role": "prefill"},
-                    {"url": D0, "role": "decode"}, {"url": D1, "role": "decode"}],
-    })
+    return parse_config(
+        {
+            "engine": {
+                "first_token_timeout_s": 1.0,
+                "decode_read_timeout_s": 0.5,
+                "request_timeout_s": 30.0,
+                "max_handoff_age_s": 2.0,
+                **engine,
+            },
+            "recovery": {"eject_after": 3, "max_attempts": max_attempts},
+            "engines": [
+                {"url": P0, "role": "prefill"},
+                {"url": P1, "role": "prefill"},
+                {"url": D0, "role": "decode"},
+                {"url": D1, "role": "decode"},
+            ],
+        }
+    )
 
 
 @dataclass
@@ -58,26 +70,35 @@ class Outcome:
     clock: VirtualClock
 
 
-def serve(scripts: dict[str, list[Any]], *, max_attempts: int = 1, stream: bool = True,
-          endpoint: str = COMPLETIONS, sink: RecordingSink | None = None,
-          cancel_after: float | None = None, body: dict[str, Any] | None = None,
-          **engine: float) -> Outcome:
+def serve(
+    scripts: dict[str, list[Any]],
+    *,
+    max_attempts: int = 1,
+    stream: bool = True,
+    endpoint: str = COMPLETIONS,
+    sink: RecordingSink | None = None,
+    cancel_after: float | None = None,
+    body: dict[str, Any] | None = None,
+    **engine: float,
+) -> Outcome:
     clock = VirtualClock()
     transport = ScriptedTransport(clock, scripts)
     records: list[RequestRecord] = []
     policies = Policies(config(max_attempts, **engine), seed=7, on_record=records.append)
     sink = sink or RecordingSink()
     if body is None:
-        body = ({"prompt": "hello", "max_tokens": 4} if endpoint == COMPLETIONS
-                else {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-    request = parse_client_request(endpoint, {**body, "stream": stream},
-                                   request_id="req1", arrival=clock.now())
+        body = (
+            {"prompt": "hello", "max_tokens": 4}
+            if endpoint == COMPLETIONS
+            else {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        )
+    request = parse_client_request(
+        endpoint, {**body, "stream": stream}, request_id="req1", arrival=clock.now()
+    )
     if cancel_after is not None:
         clock.cancel_at = clock.now() + cancel_after
-    try:
+    with contextlib.suppress(Cancelled):
         run(serve_request(request, make_ports(clock, transport), policies, sink))
-    except Cancelled:
-        pass
     assert len(records) == 1, "every request ends with exactly one record"
     return Outcome(records[0], sink, transport, policies, clock)
 
@@ -111,42 +132,104 @@ CASES = [
     Case("refused_prefill", {"prefill": [Prefill(connect="refused")]}, 502, "prefill", True),
     Case("refused_decode", {"decode": [Decode(connect="refused")]}, 502, "decode", True),
     Case("reset_prefill", {"prefill": [Prefill(connect="reset")]}, 502, "prefill", True),
-    Case("reset_decode_before_token", {"decode": [Decode(items=(), end="reset")]}, 502,
-         "decode", True),
+    Case(
+        "reset_decode_before_token",
+        {"decode": [Decode(items=(), end="reset")]},
+        502,
+        "decode",
+        True,
+    ),
     Case("5xx_prefill", {"prefill": [Prefill(status=500)]}, 502, "prefill", True),
     Case("5xx_decode", {"decode": [Decode(status=503)]}, 502, "decode", True),
     Case("4xx_prefill", {"prefill": [Prefill(status=400)]}, 400, None, False),
     Case("4xx_decode", {"decode": [Decode(status=404)]}, 404, None, False),
-    Case("malformed_prefill_json", {"prefill": [Prefill(raw=b"<html>oops")]}, 502,
-         "prefill", True),
-    Case("bad_descriptor", {"prefill": [Prefill(kv={**descriptor(), "remote_engine_id": ""})]},
-         502, "prefill", True),
-    Case("first_token_timeout", {"decode": [Decode(items=((0.1, USAGE_CHUNK),), end="hang")]},
-         504, "decode", True),
-    Case("hang_before_headers", {"decode": [Decode(hang_before_headers=True)]}, 504, "decode",
-         True),
-    Case("silence_after_first_token", {"decode": [SILENT_AFTER_TOKEN]}, 504, "decode", False,
-         committed=True, message=SILENCE_TEXT),
-    Case("close_before_done_before_token", {"decode": [Decode(items=(), end="eof")]}, 502,
-         "decode", True),
-    Case("close_before_done_after_token",
-         {"decode": [Decode(items=((0.01, token("A")),), end="eof")]}, 502, "decode", False,
-         committed=True),
-    Case("done_before_any_token", {"decode": [Decode(items=((0.01, DONE),))]}, 502, "decode",
-         True, message=DONE_BEFORE_TOKEN_TEXT),
-    Case("inband_error_before_token",
-         {"decode": [Decode(items=((0.01, inband_error(500)), (0.0, DONE)))]}, 500, "decode",
-         True),
-    Case("inband_4xx_before_token",
-         {"decode": [Decode(items=((0.01, inband_error(400)), (0.0, DONE)))]}, 400, None, False),
-    Case("inband_error_after_token",
-         {"decode": [Decode(items=((0.01, token("A")), (0.01, inband_error(503)), (0.0, DONE)))]},
-         503, "decode", False, committed=True),
-    Case("inband_error_without_code",
-         {"decode": [Decode(items=((0.01, inband_error(None)),))]}, 502, "decode", True),
+    Case("malformed_prefill_json", {"prefill": [Prefill(raw=b"<html>oops")]}, 502, "prefill", True),
+    Case(
+        "bad_descriptor",
+        {"prefill": [Prefill(kv={**descriptor(), "remote_engine_id": ""})]},
+        502,
+        "prefill",
+        True,
+    ),
+    Case(
+        "first_token_timeout",
+        {"decode": [Decode(items=((0.1, USAGE_CHUNK),), end="hang")]},
+        504,
+        "decode",
+        True,
+    ),
+    Case(
+        "hang_before_headers", {"decode": [Decode(hang_before_headers=True)]}, 504, "decode", True
+    ),
+    Case(
+        "silence_after_first_token",
+        {"decode": [SILENT_AFTER_TOKEN]},
+        504,
+        "decode",
+        False,
+        committed=True,
+        message=SILENCE_TEXT,
+    ),
+    Case(
+        "close_before_done_before_token",
+        {"decode": [Decode(items=(), end="eof")]},
+        502,
+        "decode",
+        True,
+    ),
+    Case(
+        "close_before_done_after_token",
+        {"decode": [Decode(items=((0.01, token("A")),), end="eof")]},
+        502,
+        "decode",
+        False,
+        committed=True,
+    ),
+    Case(
+        "done_before_any_token",
+        {"decode": [Decode(items=((0.01, DONE),))]},
+        502,
+        "decode",
+        True,
+        message=DONE_BEFORE_TOKEN_TEXT,
+    ),
+    Case(
+        "inband_error_before_token",
+        {"decode": [Decode(items=((0.01, inband_error(500)), (0.0, DONE)))]},
+        500,
+        "decode",
+        True,
+    ),
+    Case(
+        "inband_4xx_before_token",
+        {"decode": [Decode(items=((0.01, inband_error(400)), (0.0, DONE)))]},
+        400,
+        None,
+        False,
+    ),
+    Case(
+        "inband_error_after_token",
+        {"decode": [Decode(items=((0.01, token("A")), (0.01, inband_error(503)), (0.0, DONE)))]},
+        503,
+        "decode",
+        False,
+        committed=True,
+    ),
+    Case(
+        "inband_error_without_code",
+        {"decode": [Decode(items=((0.01, inband_error(None)),))]},
+        502,
+        "decode",
+        True,
+    ),
     Case("handoff_too_old", {"prefill": [Prefill(delay=5.0)]}, 504, "prefill", True),
-    Case("malformed_sse", {"decode": [Decode(items=((0.01, b"data: {not json\n\n"),))]}, 502,
-         "decode", True),
+    Case(
+        "malformed_sse",
+        {"decode": [Decode(items=((0.01, b"data: {not json\n\n"),))]},
+        502,
+        "decode",
+        True,
+    ),
 ]
 
 
@@ -212,9 +295,14 @@ def test_success_streams_exactly_the_engine_tokens_and_measures() -> None:
 
 
 def test_prefill_leg_and_decode_leg_bodies() -> None:
-    body = {"prompt": "hi", "max_tokens": 9, "min_tokens": 2, "temperature": 0.5,
-            "stream_options": {"include_usage": True},
-            "kv_transfer_params": {"remote_host": "evil.example", "do_remote_prefill": True}}
+    body = {
+        "prompt": "hi",
+        "max_tokens": 9,
+        "min_tokens": 2,
+        "temperature": 0.5,
+        "stream_options": {"include_usage": True},
+        "kv_transfer_params": {"remote_host": "evil.example", "do_remote_prefill": True},
+    }
     out = serve({}, body=body)
     (_, _, path, prefill, _), (_, kind, _, decode, _) = out.transport.calls
     assert path == COMPLETIONS and kind == "STREAM"
@@ -234,9 +322,11 @@ def test_same_worker_decode_sends_no_transfer_params() -> None:
     transport = ScriptedTransport(clock, {})
     policies = Policies(cfg, seed=1)
     request = parse_client_request(
-        COMPLETIONS, {"prompt": "x", "stream": True,
-                      "kv_transfer_params": {"remote_host": "evil"}},
-        request_id="r", arrival=clock.now())
+        COMPLETIONS,
+        {"prompt": "x", "stream": True, "kv_transfer_params": {"remote_host": "evil"}},
+        request_id="r",
+        arrival=clock.now(),
+    )
     sink = RecordingSink()
     run(serve_request(request, make_ports(clock, transport), policies, sink))
     decode = transport.calls[1][3]
@@ -253,13 +343,13 @@ def test_chat_role_chunk_is_metadata_and_flushed_on_commit() -> None:
 
 
 def test_metadata_before_first_token_does_not_reset_first_token_timer() -> None:
-    items = tuple((0.4, USAGE_CHUNK) for _ in range(5)) + ((0.0, token("A")), (0.0, DONE))
+    items = (*tuple((0.4, USAGE_CHUNK) for _ in range(5)), (0.0, token("A")), (0.0, DONE))
     out = serve({"decode": [Decode(items=items)]})
     assert out.record is not None and out.record.status == 504
 
 
 def test_metadata_after_first_token_resets_silence_timer() -> None:
-    items = ((0.01, token("A")),) + tuple((0.4, USAGE_CHUNK) for _ in range(5)) + ((0.0, DONE),)
+    items = ((0.01, token("A")), *tuple((0.4, USAGE_CHUNK) for _ in range(5)), (0.0, DONE))
     out = serve({"decode": [Decode(items=items)]})
     assert out.record is not None and out.record.status == 200
 
@@ -298,9 +388,10 @@ def test_client_disconnect_before_first_token_releases_everything() -> None:
 
 
 def test_client_disconnect_after_commit() -> None:
-    items = tuple((0.01, token(c)) for c in "ABCDEF") + ((0.0, DONE),)
-    out = serve({"decode": [Decode(items=items)]}, sink=RecordingSink(leave_after_sends=2),
-                max_attempts=3)
+    items = (*tuple((0.01, token(c)) for c in "ABCDEF"), (0.0, DONE))
+    out = serve(
+        {"decode": [Decode(items=items)]}, sink=RecordingSink(leave_after_sends=2), max_attempts=3
+    )
     assert out.record is not None and out.record.outcome == "client_gone"
     assert out.record.attempts == 1 and charged_engines(out) == set()
     assert_clean(out)
@@ -320,8 +411,9 @@ def test_no_eligible_engine_is_503_with_retry_after() -> None:
             policies.breaker.on_failure(url, policies.breaker.epoch(url), clock.now())
     transport = ScriptedTransport(clock, {})
     sink = RecordingSink()
-    request = parse_client_request(COMPLETIONS, {"prompt": "x"}, request_id="r",
-                                   arrival=clock.now())
+    request = parse_client_request(
+        COMPLETIONS, {"prompt": "x"}, request_id="r", arrival=clock.now()
+    )
     run(serve_request(request, make_ports(clock, transport), policies, sink))
     assert sink.status == 503 and "retry-after" in sink.headers
     assert transport.released, "the prefill's handoff is released when no consumer can take it"
@@ -330,9 +422,14 @@ def test_no_eligible_engine_is_503_with_retry_after() -> None:
 
 def test_retry_refused_when_deadline_too_short() -> None:
     # the first attempt burns 29.5 s of a 30 s deadline: too little is left to try again
-    out = serve({"prefill": [Prefill(delay=0.1)],
-                 "decode": [Decode(items=((29.4, b": keepalive\n\n"),), end="eof")]},
-                max_attempts=3, first_token_timeout_s=29.5)
+    out = serve(
+        {
+            "prefill": [Prefill(delay=0.1)],
+            "decode": [Decode(items=((29.4, b": keepalive\n\n"),), end="eof")],
+        },
+        max_attempts=3,
+        first_token_timeout_s=29.5,
+    )
     assert out.record is not None and out.record.attempts == 1 and out.record.status == 502
 
 
@@ -342,8 +439,9 @@ def test_retry_budget_exhausted_returns_original_error() -> None:
     policies = Policies(config(max_attempts=3), seed=1)
     policies.budget.minimum = 0  # no floor and no other active requests: no room at all
     sink = RecordingSink()
-    request = parse_client_request(COMPLETIONS, {"prompt": "x"}, request_id="r",
-                                   arrival=clock.now())
+    request = parse_client_request(
+        COMPLETIONS, {"prompt": "x"}, request_id="r", arrival=clock.now()
+    )
     run(serve_request(request, make_ports(clock, transport), policies, sink))
     assert sink.status == 502 and sink.body is not None
     assert sink.body["error"]["message"] == "prefill engine refused"
@@ -351,17 +449,21 @@ def test_retry_budget_exhausted_returns_original_error() -> None:
 
 def test_eject_after_k_failures_through_the_lifecycle() -> None:
     clock = VirtualClock()
-    cfg = parse_config({"engine": {"first_token_timeout_s": 1.0},
-                        "recovery": {"eject_after": 2},
-                        "engines": [{"url": P0, "role": "prefill"},
-                                    {"url": D0, "role": "decode"}]})
+    cfg = parse_config(
+        {
+            "engine": {"first_token_timeout_s": 1.0},
+            "recovery": {"eject_after": 2},
+            "engines": [{"url": P0, "role": "prefill"}, {"url": D0, "role": "decode"}],
+        }
+    )
     transport = ScriptedTransport(clock, {"decode": [Decode(connect="refused")] * 2})
     policies = Policies(cfg, seed=1)
     statuses = []
     for i in range(3):
         sink = RecordingSink()
-        request = parse_client_request(COMPLETIONS, {"prompt": "x"}, request_id=f"r{i}",
-                                       arrival=clock.now())
+        request = parse_client_request(
+            COMPLETIONS, {"prompt": "x"}, request_id=f"r{i}", arrival=clock.now()
+        )
         run(serve_request(request, make_ports(clock, transport), policies, sink))
         statuses.append(sink.status)
     assert statuses == [502, 502, 503]

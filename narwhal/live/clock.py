@@ -1,0 +1,35 @@
+"""The live clock: the core's :class:`~narwhal.core.ports.Clock` port over the OS clocks.
+
+Rule kept here: core time is ``time.monotonic()`` (never jumps), and the wall clock is used only
+to display times (``/status``, logs); :func:`to_wall` is the one conversion between them.
+
+Theory of operation: deadlines handed to the transport are absolute monotonic times; the
+transport turns them into relative anyio timeouts (``deadline - now()``). asyncio's own loop
+clock is ``time.monotonic()`` too, so both agree, but nothing here depends on that.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+
+class AnyioClock:
+    """``now()`` monotonic seconds, ``wall()`` seconds since the epoch, ``sleep()`` via anyio."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(max(0.0, seconds))
+
+
+def to_wall(clock: AnyioClock, t: float | None) -> float | None:
+    """A monotonic time ``t`` on ``clock`` as seconds since the epoch (None stays None)."""
+    if t is None:
+        return None
+    return clock.wall() - (clock.now() - t)

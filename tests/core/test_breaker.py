@@ -1,0 +1,214 @@
+"""The breaker at exact boundaries, and a state-machine test against a reference model."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from narwhal.core.breaker import JITTER, Breaker, EngineState, ProbeOutcome
+from narwhal.core.config import RecoverySettings, Role
+from narwhal.core.records import DecisionLog
+
+A, B, C = "http://a", "http://b", "http://c"
+
+
+def breaker(
+    eject_after: int = 3,
+    quarantine: float = 0.0,
+    interval: float = 5.0,
+    engines: tuple[tuple[str, Role], ...] = ((A, Role.DECODE), (B, Role.DECODE), (C, Role.PREFILL)),
+    contract: bool = False,
+) -> Breaker:
+    recovery = RecoverySettings(
+        eject_after=eject_after, failure_quarantine_s=quarantine, probe_interval_s=interval
+    )
+    return Breaker(engines, recovery, random.Random(0), DecisionLog(), contract_configured=contract)
+
+
+def fail(b: Breaker, url: str, now: float) -> bool:
+    return b.on_failure(url, b.epoch(url), now)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_ejected_at_kth_consecutive_failure_not_before(k: int) -> None:
+    b = breaker(eject_after=k)
+    for i in range(k - 1):
+        assert not fail(b, A, float(i))
+        assert b.state(A, float(i)) is EngineState.READY
+    assert fail(b, A, 10.0)
+    assert b.state(A, 10.0) is EngineState.EJECTED
+    assert not b.placeable(A, 10.0)
+
+
+def test_success_resets_the_streak() -> None:
+    b = breaker(eject_after=3)
+    fail(b, A, 0)
+    fail(b, A, 1)
+    b.on_success(A, b.epoch(A), 2)
+    fail(b, A, 3)
+    fail(b, A, 4)
+    assert b.state(A, 4) is EngineState.READY
+    assert fail(b, A, 5)
+
+
+def test_quarantine_edges() -> None:
+    b = breaker(eject_after=5, quarantine=2.0)
+    fail(b, A, 10.0)
+    assert b.state(A, 10.0) is EngineState.QUARANTINED
+    assert b.state(A, 11.999) is EngineState.QUARANTINED
+    assert b.state(A, 12.0) is EngineState.READY  # excluded for exactly failure_quarantine_s
+    assert b.placeable(B, 10.0)
+
+
+def test_no_quarantine_when_zero() -> None:
+    b = breaker(eject_after=5, quarantine=0.0)
+    fail(b, A, 10.0)
+    assert b.state(A, 10.0) is EngineState.READY
+
+
+def test_late_result_from_before_ejection_is_ignored() -> None:
+    b = breaker(eject_after=1)
+    epoch = b.epoch(A)
+    fail(b, A, 0.0)
+    assert not b.on_failure(A, epoch, 1.0)  # a straggler from the same wave
+    b.on_success(A, epoch, 1.0)  # cannot readmit either
+    assert b.state(A, 1.0) is EngineState.EJECTED
+
+
+def test_probe_cadence_with_jitter_and_one_probe_in_flight() -> None:
+    b = breaker(eject_after=1, interval=10.0)
+    fail(b, C, 0.0)  # the only producer: a whole wave of one — probed at once
+    assert b.due_probes(0.0) == [C]
+    assert b.state(C, 0.0) is EngineState.PROBING
+    assert b.due_probes(100.0) == []  # at most one probe in flight per engine
+    b.on_probe(C, 1.0, ProbeOutcome.FAILED)
+    due_at = b.health(C).next_probe_at
+    assert due_at is not None
+    assert 1.0 + 20.0 * (1 - JITTER) <= due_at <= 1.0 + 20.0 * (1 + JITTER)  # doubled backoff
+    assert b.due_probes(due_at - 1e-6) == []
+    assert b.due_probes(due_at) == [C]
+    b.on_probe(C, due_at, ProbeOutcome.PASSED)
+    assert b.state(C, due_at) is EngineState.READY
+    assert b.health(C).streak == 0
+
+
+def test_inconclusive_probe_returns_to_normal_cadence_without_penalty() -> None:
+    b = breaker(eject_after=1, interval=10.0)
+    fail(b, A, 0.0)
+    first = b.health(A).next_probe_at
+    assert first is not None and b.due_probes(first) == [A]
+    b.on_probe(A, first, ProbeOutcome.INCONCLUSIVE)
+    assert b.health(A).failed_probes == 0
+    nxt = b.health(A).next_probe_at
+    assert nxt is not None and nxt - first <= 10.0 * (1 + JITTER)
+    assert b.state(A, first) is EngineState.EJECTED
+
+
+def test_whole_wave_probes_all_at_once() -> None:
+    b = breaker(eject_after=1, interval=10.0)
+    fail(b, A, 0.0)
+    assert b.due_probes(0.0) == []  # B still serves decode: normal cadence
+    fail(b, B, 1.0)  # now every decode engine is ejected
+    assert sorted(b.due_probes(1.0)) == [A, B]
+
+
+def test_health_check_readmission_without_contract() -> None:
+    b = breaker()
+    b.on_health(A, 0.0, ok=False)
+    assert b.state(A, 0.0) is EngineState.EJECTED
+    assert A not in b.due_probes(100.0)  # a health-down engine waits for a passing check
+    b.on_health(A, 1.0, ok=True)
+    assert b.state(A, 1.0) is EngineState.READY
+
+
+def test_health_check_does_not_readmit_with_contract() -> None:
+    b = breaker(contract=True)
+    b.on_health(A, 0.0, ok=False)
+    b.on_health(A, 1.0, ok=True)
+    assert b.state(A, 1.0) is EngineState.EJECTED  # needs probe + contract validation
+
+
+def test_breaker_ejection_needs_an_inference_probe_even_if_healthy() -> None:
+    b = breaker(eject_after=1)
+    fail(b, A, 0.0)
+    b.on_health(A, 1.0, ok=True)
+    assert b.state(A, 1.0) is EngineState.EJECTED
+
+
+# ---------------------------------------------------------------- state machine
+
+
+class BreakerMachine(RuleBasedStateMachine):
+    """Breaker + quarantine against a tiny reference model of the contract."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.k = 3
+        self.q = 2.0
+        self.b = breaker(eject_after=self.k, quarantine=self.q, interval=5.0)
+        self.now = 0.0
+        self.streak = {A: 0, B: 0}
+        self.ejected = {A: False, B: False}
+        self.quarantined_until = {A: -1.0, B: -1.0}
+        self.probing: set[str] = set()
+
+    @rule(dt=st.floats(0.0, 8.0))
+    def advance(self, dt: float) -> None:
+        self.now += dt
+
+    @rule(url=st.sampled_from([A, B]))
+    def failure(self, url: str) -> None:
+        ejected = fail(self.b, url, self.now)
+        if self.ejected[url]:
+            assert not ejected  # a result for an ejected engine changes nothing
+            return
+        self.streak[url] += 1
+        self.quarantined_until[url] = self.now + self.q
+        assert ejected == (self.streak[url] == self.k)
+        if ejected:
+            self.ejected[url] = True
+
+    @rule(url=st.sampled_from([A, B]))
+    def success(self, url: str) -> None:
+        self.b.on_success(url, self.b.epoch(url), self.now)
+        if not self.ejected[url]:
+            self.streak[url] = 0
+
+    @rule()
+    def probes_due(self) -> None:
+        due = self.b.due_probes(self.now)
+        assert all(self.ejected[u] and u not in self.probing for u in due)
+        self.probing.update(due)
+
+    @precondition(lambda self: bool(self.probing))
+    @rule(outcome=st.sampled_from(list(ProbeOutcome)), data=st.data())
+    def probe_done(self, outcome: ProbeOutcome, data: st.DataObject) -> None:
+        url = data.draw(st.sampled_from(sorted(self.probing)))
+        self.probing.discard(url)
+        self.b.on_probe(url, self.now, outcome)
+        if outcome is ProbeOutcome.PASSED:
+            self.ejected[url] = False
+            self.streak[url] = 0
+            self.quarantined_until[url] = -1.0
+
+    @invariant()
+    def matches_reference(self) -> None:
+        for url in (A, B):
+            placeable = (
+                not self.ejected[url]
+                and url not in self.probing
+                and self.now >= self.quarantined_until[url]
+            )
+            assert self.b.placeable(url, self.now) == placeable
+            if not self.ejected[url]:
+                assert self.b.health(url).streak == self.streak[url]
+
+
+TestBreakerMachine = BreakerMachine.TestCase
+TestBreakerMachine.settings = settings(
+    max_examples=150, stateful_step_count=40, derandomize=True, deadline=None
+)

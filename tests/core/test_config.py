@@ -1,0 +1,135 @@
+"""Configuration: DESIGN.md's names and defaults; bad files refused naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from narwhal.core.config import ConfigError, Role, load_config, parse_config
+
+FULL = """
+[engine]
+first_token_timeout_s = 30.0
+decode_read_timeout_s = 10.0
+request_timeout_s = 600.0
+max_handoff_age_s = 25.0
+[recovery]
+eject_after = 3
+failure_quarantine_s = 0.0
+max_attempts = 1
+retry_budget_ratio = 0.2
+retry_budget_min = 3
+probe_interval_s = 5.0
+[engine_contract]
+model = "tiny-llama"
+vllm_version = "0.32.0"
+kv_connector = "NixlConnector"
+[[engines]]
+url = "http://127.0.0.1:8100"
+role = "prefill"
+kv_endpoint = "127.0.0.1:5559"
+[[engines]]
+url = "http://127.0.0.1:8200/"
+role = "decode"
+"""
+
+FLEET = {"engines": [{"url": "http://127.0.0.1:1", "role": "both"}]}
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "narwhal.toml"
+    path.write_text(text)
+    return path
+
+
+def test_design_example_loads(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, FULL))
+    assert cfg.engines[0].kv_endpoint == "127.0.0.1:5559"
+    assert cfg.engines[1].url == "http://127.0.0.1:8200"
+    assert cfg.engines[1].role is Role.DECODE
+    assert cfg.engine_contract is not None and cfg.kv_connector == "NixlConnector"
+
+
+def test_documented_defaults() -> None:
+    cfg = parse_config(FLEET)
+    assert (
+        cfg.engine.first_token_timeout_s,
+        cfg.engine.decode_read_timeout_s,
+        cfg.engine.request_timeout_s,
+        cfg.engine.max_handoff_age_s,
+    ) == (30, 10, 600, 25)
+    r = cfg.recovery
+    assert (
+        r.eject_after,
+        r.failure_quarantine_s,
+        r.max_attempts,
+        r.retry_budget_ratio,
+        r.retry_budget_min,
+        r.probe_interval_s,
+    ) == (3, 0.0, 1, 0.2, 3, 5.0)
+    assert cfg.engine_contract is None
+
+
+@pytest.mark.parametrize(
+    ("patch", "key", "reason"),
+    [
+        ({"recovery": {"eject_after": 0}}, "recovery.eject_after", "greater than or equal to 1"),
+        ({"recovery": {"eject_afte": 2}}, "recovery.eject_afte", "unknown key"),
+        ({"engine": {"first_token_timeout_s": -1}}, "engine.first_token_timeout_s", "greater than"),
+        (
+            {"engine": {"decode_read_timeout_s": "10s"}},
+            "engine.decode_read_timeout_s",
+            "valid number",
+        ),
+        ({"recovery": {"retry_budget_ratio": 1.5}}, "recovery.retry_budget_ratio", "less than"),
+        ({"engines": [{"url": "127.0.0.1:8100", "role": "both"}]}, "engines[0].url", "http(s) URL"),
+        ({"engines": [{"url": "http://a", "role": "prefiller"}]}, "engines[0].role", "prefill"),
+        (
+            {"engines": [{"url": "http://a", "role": "both", "kv_endpoint": "host"}]},
+            "engines[0].kv_endpoint",
+            "host:port",
+        ),
+        ({"engines": []}, "engines", "at least 1"),
+        (
+            {"engines": [{"url": "http://a", "role": "prefill"}]},
+            "(top level)",
+            "no engine can decode",
+        ),
+        (
+            {"engine_contract": {"model": "m", "vllm_version": "1", "kv_connector": "Foo"}},
+            "engine_contract.kv_connector",
+            "unknown connector",
+        ),
+        ({"engine_contract": {"model": "m"}}, "engine_contract.vllm_version", "missing"),
+        (
+            {
+                "engines": [
+                    {"url": "http://a", "role": "both"},
+                    {"url": "http://a/", "role": "both"},
+                ]
+            },
+            "(top level)",
+            "more than once",
+        ),
+    ],
+)
+def test_bad_config_names_key_and_reason(patch: dict, key: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({**FLEET, **patch}, "fleet.toml")
+    message = str(error.value)
+    assert "fleet.toml" in message
+    line = next(line for line in message.splitlines() if line.strip().startswith(key + ":"))
+    assert reason in line
+
+
+def test_missing_engines_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"engines: required key is missing"):
+        parse_config({})
+
+
+def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.toml")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(write(tmp_path, "[engine\n"))

@@ -1,0 +1,130 @@
+"""Probes and health checks: readmission only after real inference, inconclusive probes."""
+
+from __future__ import annotations
+
+import json
+
+from narwhal.core.breaker import EngineState, ProbeOutcome
+from narwhal.core.config import parse_config
+from narwhal.core.policies import Policies
+from narwhal.core.ports import Reply
+from narwhal.core.probe import check_health, maintenance_loop, probe_engine, run_probe
+from tests.core.scripted import (
+    DONE,
+    Decode,
+    Prefill,
+    ScriptedTransport,
+    VirtualClock,
+    descriptor,
+    make_ports,
+    run,
+    token,
+)
+
+P0, P1, D0 = "http://p0", "http://p1", "http://d0"
+
+
+def setup(contract: bool = False, scripts: dict | None = None):  # type: ignore[no-untyped-def]
+    data: dict = {
+        "engine": {"first_token_timeout_s": 1.0},
+        "recovery": {"eject_after": 1, "probe_interval_s": 2.0},
+        "engines": [
+            {"url": P0, "role": "prefill"},
+            {"url": P1, "role": "prefill"},
+            {"url": D0, "role": "decode"},
+        ],
+    }
+    if contract:
+        data["engine_contract"] = {"model": "tiny-llama", "vllm_version": "0.32.0"}
+    clock = VirtualClock()
+    transport = ScriptedTransport(clock, scripts or {})
+    policies = Policies(parse_config(data), seed=5)
+    return clock, transport, policies, make_ports(clock, transport)
+
+
+def eject(policies: Policies, url: str, now: float, producer: str | None = None) -> None:
+    assert policies.breaker.on_failure(url, policies.breaker.epoch(url), now, producer=producer)
+
+
+def test_producer_probe_is_a_prefill_leg() -> None:
+    _clock, transport, policies, ports = setup()
+    assert run(probe_engine(P0, ports, policies)) is ProbeOutcome.PASSED
+    ((url, _, path, body, _),) = transport.calls
+    assert (url, path) == (P0, "/v1/completions")
+    assert body is not None and body["max_tokens"] == 1 and body["stream"] is False
+    assert transport.released and transport.released[0][0] == P0
+
+
+def test_consumer_probe_uses_a_fresh_handoff_from_the_original_producer() -> None:
+    clock, transport, policies, ports = setup()
+    eject(policies, D0, clock.now(), producer=P1)
+    (url,) = policies.breaker.due_probes(clock.now() + 10)
+    assert url == D0
+    assert run(run_probe(D0, ports, policies)) is ProbeOutcome.PASSED
+    assert transport.calls[0][0] == P1  # the original producer made the handoff
+    decode = transport.calls[1][3]
+    assert decode is not None and decode["kv_transfer_params"] == descriptor()
+    assert policies.breaker.state(D0, clock.now()) is EngineState.READY
+
+
+def test_consumer_probe_inconclusive_when_its_producer_fails() -> None:
+    clock, _transport, policies, ports = setup(scripts={P1: [Prefill(connect="refused")]})
+    eject(policies, D0, clock.now(), producer=P1)
+    policies.breaker.due_probes(clock.now() + 10)
+    assert run(run_probe(D0, ports, policies)) is ProbeOutcome.INCONCLUSIVE
+    assert policies.breaker.health(D0).failed_probes == 0
+    assert policies.breaker.state(D0, clock.now()) is EngineState.EJECTED
+
+
+def test_hung_consumer_fails_its_probe_within_first_token_timeout() -> None:
+    clock, _transport, policies, ports = setup(scripts={D0: [Decode(items=(), end="hang")]})
+    eject(policies, D0, clock.now(), producer=P0)
+    start = clock.now()
+    policies.breaker.due_probes(start + 10)
+    assert run(run_probe(D0, ports, policies)) is ProbeOutcome.FAILED
+    assert clock.now() - start <= 1.0 + 0.05 + 1e-9  # each leg bounded by first_token_timeout_s
+    assert policies.breaker.state(D0, clock.now()) is EngineState.EJECTED
+
+
+def test_probe_needs_a_token_then_done() -> None:
+    clock, transport, policies, ports = setup(scripts={D0: [Decode(items=((0.01, DONE),))]})
+    assert run(probe_engine(D0, ports, policies)) is ProbeOutcome.FAILED
+    _clock, _transport, policies, ports = setup(
+        scripts={D0: [Decode(items=((0.01, token("A")), (0.01, DONE)))]}
+    )
+    assert run(probe_engine(D0, ports, policies)) is ProbeOutcome.PASSED
+
+
+def test_contract_checked_on_readmission() -> None:
+    _clock, transport, policies, ports = setup(contract=True)
+    ok_models = Reply(200, json.dumps({"data": [{"id": "tiny-llama"}]}).encode())
+    transport.get_replies[(P0, "/v1/models")] = ok_models
+    transport.get_replies[(P0, "/version")] = Reply(200, b'{"version": "0.31.0"}')
+    assert run(probe_engine(P0, ports, policies)) is ProbeOutcome.FAILED
+    transport.get_replies[(P0, "/version")] = Reply(200, b'{"version": "0.32.0"}')
+    assert run(probe_engine(P0, ports, policies)) is ProbeOutcome.PASSED
+
+
+def test_health_check_marks_down_and_readmits_without_contract() -> None:
+    clock, transport, policies, ports = setup()
+    transport.get_replies[(P0, "/health")] = Prefill(connect="refused")
+    assert not run(check_health(P0, ports, policies))
+    assert policies.breaker.state(P0, clock.now()) is EngineState.EJECTED
+    del transport.get_replies[(P0, "/health")]
+    assert run(check_health(P0, ports, policies))
+    assert policies.breaker.state(P0, clock.now()) is EngineState.READY
+
+
+def test_maintenance_loop_spawns_due_probes_and_health_checks() -> None:
+    clock, transport, policies, ports = setup()
+    spawned: list = []
+    ports.spawn = spawned.append
+    eject(policies, D0, clock.now(), producer=P0)
+    ticks = iter(range(100))
+    run(maintenance_loop(ports, policies, stop=lambda: next(ticks) >= 8, tick_s=0.5))
+    for factory in spawned:
+        run(factory())
+    kinds = [(d.kind, d.engine) for d in policies.log.entries]
+    assert ("probe", D0) in kinds and ("readmit", D0) in kinds
+    health_calls = [c for c in transport.calls if c[2] == "/health"]
+    assert len(health_calls) >= 3  # every engine checked
