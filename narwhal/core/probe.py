@@ -20,11 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from narwhal.core.breaker import ProbeOutcome
-from narwhal.core.descriptor import DescriptorError, prefill_kv_params, validate_descriptor
+from narwhal.core.descriptor import prefill_kv_params
+from narwhal.core.errors import Fault
+from narwhal.core.legs import LegFault, read_prefill, stream_events
 from narwhal.core.policies import Policies
-from narwhal.core.ports import Chunk, Ports, Reply, StreamOpened
+from narwhal.core.ports import Ports, Reply, StreamOpened
 from narwhal.core.requests import COMPLETIONS
-from narwhal.core.sse import EventKind, SseParser
+from narwhal.core.sse import EventKind
 
 PROBE_PROMPT = "narwhal probe"
 HEALTH_TIMEOUT_S = 5.0
@@ -75,24 +77,16 @@ async def _prefill_leg(producer: str, ports: Ports, policies: Policies) -> dict[
     request_id = policies.new_id("probe-p")
     body = probe_request(policies, 1)
     body["stream"] = False
-    body["kv_transfer_params"] = prefill_kv_params(
-        policies.config.kv_connector, transfer_id=request_id
-    )
+    connector = policies.config.kv_connector
+    body["kv_transfer_params"] = prefill_kv_params(connector, transfer_id=request_id)
     deadline = ports.clock.now() + policies.config.engine.first_token_timeout_s
     reply = await ports.transport.call(
         producer, "POST", COMPLETIONS, body, {"X-Request-Id": request_id}, deadline
     )
-    if not isinstance(reply, Reply) or reply.status != 200:
+    if not isinstance(reply, Reply):
         return None
-    try:
-        payload = json.loads(reply.body)
-        return validate_descriptor(
-            payload.get("kv_transfer_params") if isinstance(payload, dict) else None,
-            policies.config.kv_connector,
-            policies.pinned_side_channel(producer),
-        )
-    except (ValueError, DescriptorError):
-        return None
+    result = read_prefill(reply, producer, connector, policies.pinned_side_channel(producer))
+    return None if isinstance(result, Fault) else result
 
 
 async def _decode_leg(
@@ -103,27 +97,26 @@ async def _decode_leg(
     body["stream"] = True
     if descriptor is not None:
         body["kv_transfer_params"] = descriptor
-    deadline = ports.clock.now() + policies.config.engine.first_token_timeout_s
-    opened = await ports.transport.open_stream(
-        consumer, COMPLETIONS, body, {"X-Request-Id": policies.new_id("probe-d")}, deadline
-    )
+    timeout = policies.config.engine.first_token_timeout_s
+    deadline = ports.clock.now() + timeout
+    headers = {"X-Request-Id": policies.new_id("probe-d")}
+    opened = await ports.transport.open_stream(consumer, COMPLETIONS, body, headers, deadline)
     if not isinstance(opened, StreamOpened):
         return False
     try:
         if opened.status != 200:
             return False
-        parser, token = SseParser(), False
-        while True:
-            chunk = await ports.transport.next_chunk(opened.handle, deadline)
-            if not isinstance(chunk, Chunk):
-                return False
-            for event in parser.feed(chunk.data):
-                if event.kind is EventKind.TOKEN:
-                    token = True
-                elif event.kind is EventKind.DONE:
-                    return token
-                elif event.kind in (EventKind.ERROR, EventKind.MALFORMED):
-                    return False
+        events = stream_events(
+            ports.transport, ports.clock, opened.handle, consumer, first_token_at=deadline,
+            first_token_timeout_s=timeout, decode_read_timeout_s=timeout,
+            request_deadline=deadline,
+        )
+        async for _, event in events:
+            if event.kind is EventKind.DONE:
+                return True
+        return False
+    except LegFault:
+        return False
     finally:
         ports.transport.close_stream(opened.handle)
 

@@ -62,5 +62,6 @@ class PrefillResult:
             )
         if connector != self.connector:
             raise HandoffMismatch(
-                f"connector mismatch: the handoff is {self.connector}, the consumer uses {connector}"
+                f"connector mismatch: the handoff is {self.connector}, "
+                f"the consumer uses {connector}"
             )

@@ -87,7 +87,7 @@ def test_hung_consumer_fails_its_probe_within_first_token_timeout() -> None:
 
 
 def test_probe_needs_a_token_then_done() -> None:
-    clock, transport, policies, ports = setup(scripts={D0: [Decode(items=((0.01, DONE),))]})
+    _, _, policies, ports = setup(scripts={D0: [Decode(items=((0.01, DONE),))]})
     assert run(probe_engine(D0, ports, policies)) is ProbeOutcome.FAILED
     _clock, _transport, policies, ports = setup(
         scripts={D0: [Decode(items=((0.01, token("A")), (0.01, DONE)))]}
