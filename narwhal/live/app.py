@@ -1,0 +1,322 @@
+"""The live router: an ASGI app (Starlette, served by uvicorn) around the core lifecycle.
+
+Rule kept here: this module is a thin driver. It parses HTTP into the core's values, hands each
+request to :func:`narwhal.core.lifecycle.serve_request` and the fleet to
+:func:`narwhal.core.probe.maintenance_loop`, both unchanged, and reports what the core recorded.
+It makes no routing, timeout, breaker or retry decision of its own; the only statuses it
+chooses are for requests the core never sees (401 bad key, 413 body too large, 400 malformed
+JSON or a request the core's parser refuses).
+
+Theory of operation: the lifespan opens the httpx transport and a task group; the task group is
+the core's ``spawn`` port (probes, health checks) and runs the maintenance loop. Each inference
+request runs in its own task group next to a watcher of ``receive()``: a client disconnect
+cancels the lifecycle, whose ``finally`` releases every reservation and abandoned handoff. Every
+finished request yields one :class:`~narwhal.core.records.RequestRecord` (through
+``Policies(on_record=...)``), which feeds the metrics and one structured JSON log line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from functools import partial
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from narwhal.core.config import NarwhalConfig
+from narwhal.core.lifecycle import serve_request
+from narwhal.core.policies import Policies
+from narwhal.core.ports import Ports, Reply
+from narwhal.core.probe import maintenance_loop
+from narwhal.core.records import RequestRecord
+from narwhal.core.requests import CHAT, COMPLETIONS, BadRequest, parse_client_request
+from narwhal.live.clock import AnyioClock, to_wall
+from narwhal.live.metrics import ObservedLog, RouterMetrics, status_document
+from narwhal.live.sink import AsgiSink, run_with_disconnect
+from narwhal.live.transport import HttpxTransport
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+FLEET_QUERY_TIMEOUT_S = 2.0
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+log = logging.getLogger("narwhal.live")
+request_log = logging.getLogger("narwhal.requests")
+
+
+def openai_error(status: int, message: str, kind: str, code: Any = None) -> dict[str, Any]:
+    """An OpenAI-shaped error body."""
+    return {
+        "error": {
+            "message": message,
+            "type": kind,
+            "param": None,
+            "code": status if code is None else code,
+        }
+    }
+
+
+class Router:
+    """One live router: its policies, metrics and ASGI app (``router.app``)."""
+
+    def __init__(
+        self,
+        config: NarwhalConfig,
+        *,
+        seed: int = 0,
+        api_key: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        tick_s: float | None = None,
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = AnyioClock()
+        self.metrics = RouterMetrics()
+        self.policies = Policies(
+            config, seed=seed, log=ObservedLog(self.metrics.on_decision), on_record=self._on_record
+        )
+        self.metrics.attach(self.policies, self.clock)
+        self._api_key = api_key or None
+        self._max_body = max_body_bytes
+        self._tick_s = tick_s
+        self._announce = announce
+        self._stopping = False
+        self._ports: Ports | None = None
+        self._next_request = 0
+        self.app = Starlette(
+            routes=[
+                Route(COMPLETIONS, _Inference(self, COMPLETIONS), methods=["POST"]),
+                Route(CHAT, _Inference(self, CHAT), methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+                Route("/metrics", self._metrics, methods=["GET"]),
+                Route("/status", self._status, methods=["GET"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    # ------------------------------------------------------------------ lifespan and ports
+
+    @property
+    def ports(self) -> Ports:
+        if self._ports is None:
+            raise RuntimeError("the router is not started (lifespan not run)")
+        return self._ports
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        async with HttpxTransport(self.clock) as transport, anyio.create_task_group() as group:
+
+            def spawn(job: Callable[[], Coroutine[Any, Any, None]]) -> None:
+                async def guarded() -> None:
+                    try:
+                        await job()
+                    except Exception:
+                        log.exception("background task failed")
+
+                group.start_soon(guarded)
+
+            self._ports = Ports(self.clock, transport, spawn)
+            if self._announce is not None:
+                for line in await self.describe_fleet():
+                    self._announce(line)
+            group.start_soon(
+                partial(
+                    maintenance_loop,
+                    self._ports,
+                    self.policies,
+                    stop=lambda: self._stopping,
+                    tick_s=self._tick_s,
+                )
+            )
+            try:
+                yield
+            finally:
+                self._stopping = True
+                group.cancel_scope.cancel()
+
+    async def _ask_engines(self, path: str) -> dict[str, Any]:
+        """GET ``path`` on every engine concurrently: url -> parsed JSON (or None)."""
+        answers: dict[str, Any] = {}
+
+        async def ask(url: str) -> None:
+            reply = await self.ports.transport.call(
+                url, "GET", path, None, {}, self.clock.now() + FLEET_QUERY_TIMEOUT_S
+            )
+            answers[url] = None
+            if isinstance(reply, Reply) and reply.status == 200:
+                with contextlib.suppress(ValueError):
+                    answers[url] = json.loads(reply.body)
+
+        async with anyio.create_task_group() as group:
+            for entry in self.config.engines:
+                group.start_soon(ask, entry.url)
+        return answers
+
+    async def describe_fleet(self) -> list[str]:
+        """One line per engine: role, vLLM version and models it serves (or unreachable)."""
+        versions = await self._ask_engines("/version")
+        models = await self._ask_engines("/v1/models")
+        lines = []
+        for entry in self.config.engines:
+            version = versions.get(entry.url)
+            listed = models.get(entry.url)
+            if version is None and listed is None:
+                lines.append(f"  {entry.url:<28} {entry.role.value:<8} unreachable")
+                continue
+            names = [m.get("id") for m in (listed or {}).get("data", []) if isinstance(m, dict)]
+            found = version.get("version") if isinstance(version, dict) else None
+            lines.append(
+                f"  {entry.url:<28} {entry.role.value:<8} vllm {found or '?'}  "
+                f"models {', '.join(str(n) for n in names) or '?'}"
+            )
+        return lines
+
+    # ------------------------------------------------------------------ records
+
+    def _on_record(self, record: RequestRecord) -> None:
+        self.metrics.on_record(record)
+        line = {
+            "event": "request",
+            "request_id": record.request_id,
+            "arrival": to_wall(self.clock, record.arrival),
+            "ttft_s": record.ttft_s,
+            "first_byte_s": record.first_byte_s,
+            "finished_s": record.finished_s,
+            "attempts": record.attempts,
+            "engines": list(record.engines),
+            "outcome": record.outcome,
+            "status": record.status,
+            "committed": record.committed,
+            "output_tokens": record.output_tokens,
+            "error": record.error,
+        }
+        request_log.info(json.dumps(line))
+
+    def new_request_id(self) -> str:
+        self._next_request += 1
+        return f"req-{self._next_request:08d}"
+
+    # ------------------------------------------------------------------ plain endpoints
+
+    def authorized(self, headers: Headers) -> bool:
+        if self._api_key is None:
+            return True
+        given = headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode(), self._api_key.encode()
+        )
+
+    @staticmethod
+    def unauthorized() -> JSONResponse:
+        return JSONResponse(
+            openai_error(401, "Incorrect API key provided.", "invalid_request_error",
+                         "invalid_api_key"),
+            status_code=401,
+        )
+
+    async def _models(self, request: Request) -> Response:
+        if not self.authorized(request.headers):
+            return self.unauthorized()
+        merged: dict[str, dict[str, Any]] = {}
+        for answer in (await self._ask_engines("/v1/models")).values():
+            data = answer.get("data") if isinstance(answer, dict) else None
+            for model in data if isinstance(data, list) else []:
+                if isinstance(model, dict) and isinstance(model.get("id"), str):
+                    merged.setdefault(model["id"], model)
+        if not merged:
+            return JSONResponse(
+                openai_error(503, "no engine answered /v1/models", "no_engine_available"), 503
+            )
+        return JSONResponse({"object": "list", "data": list(merged.values())})
+
+    async def _health(self, request: Request) -> Response:
+        now = self.clock.now()
+        ready = {
+            phase: len(self.policies.placement.candidates(phase, now))
+            for phase in ("prefill", "decode")
+        }
+        ok = all(ready.values())
+        return JSONResponse({"status": "ok" if ok else "degraded", "eligible": ready},
+                            status_code=200 if ok else 503)
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=PROMETHEUS_TEXT)
+
+    async def _status(self, request: Request) -> Response:
+        return JSONResponse(status_document(self.policies, self.clock))
+
+
+class _Inference:
+    """Raw ASGI endpoint for one OpenAI route: body limits, parsing, then the core lifecycle."""
+
+    def __init__(self, router: Router, endpoint: str) -> None:
+        self.router = router
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        router = self.router
+        arrival = router.clock.now()
+        headers = Headers(scope=scope)
+        request_id = router.new_request_id()
+        sink = AsgiSink(send, {"x-request-id": request_id})
+        if not router.authorized(headers):
+            await router.unauthorized()(scope, receive, send)
+            return
+        raw = await self._read_body(receive, headers, sink)
+        if raw is None:
+            return
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as error:
+            await sink.respond(
+                400, openai_error(400, f"malformed JSON body: {error}", "invalid_request_error"), {}
+            )
+            return
+        try:
+            request = parse_client_request(
+                self.endpoint, body, request_id=request_id, arrival=arrival
+            )
+        except BadRequest as error:
+            await sink.respond(400, openai_error(400, str(error), "invalid_request_error"), {})
+            return
+
+        async def work() -> None:
+            await serve_request(request, router.ports, router.policies, sink)
+            await sink.finish()
+
+        await run_with_disconnect(receive, sink, work)
+
+    async def _read_body(self, receive: Receive, headers: Headers, sink: AsgiSink) -> bytes | None:
+        limit = self.router._max_body
+        too_large = openai_error(
+            413, f"request body larger than {limit} bytes", "invalid_request_error"
+        )
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await sink.respond(413, too_large, {})
+            return None
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await sink.respond(413, too_large, {})
+                return None
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
