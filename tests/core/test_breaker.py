@@ -12,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from narwhal.core.breaker import JITTER, Breaker, EngineState, ProbeOutcome
 from narwhal.core.config import RecoverySettings, Role
 from narwhal.core.records import DecisionLog
+from narwhal.core.retry import RetryBudget
 
 A, B, C = "http://a", "http://b", "http://c"
 
@@ -143,7 +144,7 @@ def test_breaker_ejection_needs_an_inference_probe_even_if_healthy() -> None:
 
 
 class BreakerMachine(RuleBasedStateMachine):
-    """Breaker + quarantine against a tiny reference model of the contract."""
+    """Breaker + quarantine + retry budget against a tiny reference model of the contract."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -155,6 +156,32 @@ class BreakerMachine(RuleBasedStateMachine):
         self.ejected = {A: False, B: False}
         self.quarantined_until = {A: -1.0, B: -1.0}
         self.probing: set[str] = set()
+        self.budget = RetryBudget(ratio=0.25, minimum=1)
+        self.active = 0
+        self.retries = 0
+
+    @rule()
+    def request_starts(self) -> None:
+        self.budget.request_started()
+        self.active += 1
+
+    @precondition(lambda self: self.active > 0)
+    @rule()
+    def request_ends(self) -> None:
+        self.budget.request_finished()
+        self.active -= 1
+
+    @rule()
+    def retry_asked(self) -> None:
+        granted = self.budget.try_acquire()
+        assert granted == (self.retries < max(1, int(0.25 * self.active)))
+        self.retries += granted
+
+    @precondition(lambda self: self.retries > 0)
+    @rule()
+    def retry_ends(self) -> None:
+        self.budget.release()
+        self.retries -= 1
 
     @rule(dt=st.floats(0.0, 8.0))
     def advance(self, dt: float) -> None:
