@@ -220,8 +220,9 @@ class Router:
     @staticmethod
     def unauthorized() -> JSONResponse:
         return JSONResponse(
-            openai_error(401, "Incorrect API key provided.", "invalid_request_error",
-                         "invalid_api_key"),
+            openai_error(
+                401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+            ),
             status_code=401,
         )
 
@@ -247,8 +248,10 @@ class Router:
             for phase in ("prefill", "decode")
         }
         ok = all(ready.values())
-        return JSONResponse({"status": "ok" if ok else "degraded", "eligible": ready},
-                            status_code=200 if ok else 503)
+        return JSONResponse(
+            {"status": "ok" if ok else "degraded", "eligible": ready},
+            status_code=200 if ok else 503,
+        )
 
     async def _metrics(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=PROMETHEUS_TEXT)

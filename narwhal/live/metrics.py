@@ -55,8 +55,9 @@ class _FleetCollector:
     def collect(self) -> Iterator[Any]:
         policies, now = self._policies, self._clock.now()
         state = GaugeMetricFamily(
-            "narwhal_engine_state", "1 for the engine's current state", labels=["engine", "role",
-                                                                                "state"]
+            "narwhal_engine_state",
+            "1 for the engine's current state",
+            labels=["engine", "role", "state"],
         )
         streak = GaugeMetricFamily(
             "narwhal_engine_failure_streak", "consecutive charged failures", labels=["engine"]
@@ -78,11 +79,13 @@ class _FleetCollector:
         yield held
         budget = policies.budget
         yield GaugeMetricFamily(
-            "narwhal_requests_in_flight", "client requests being served",
+            "narwhal_requests_in_flight",
+            "client requests being served",
             value=float(budget.active_requests),
         )
         yield GaugeMetricFamily(
-            "narwhal_retries_in_flight", "retries holding retry budget",
+            "narwhal_retries_in_flight",
+            "retries holding retry budget",
             value=float(budget.active_retries),
         )
 
@@ -94,16 +97,22 @@ class RouterMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "narwhal_requests", "client requests by outcome and status", ["outcome", "status"],
+            "narwhal_requests",
+            "client requests by outcome and status",
+            ["outcome", "status"],
             registry=r,
         )
         self.ttft = Histogram(
-            "narwhal_ttft_s", "arrival to producer HTTP leg completed (s)",
-            buckets=LATENCY_BUCKETS, registry=r,
+            "narwhal_ttft_s",
+            "arrival to producer HTTP leg completed (s)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.first_byte = Histogram(
-            "narwhal_first_byte_s", "arrival to first generated decode output (s)",
-            buckets=LATENCY_BUCKETS, registry=r,
+            "narwhal_first_byte_s",
+            "arrival to first generated decode output (s)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.attempts = Counter("narwhal_attempts", "prefill/decode attempts started", registry=r)
         self.placements = Counter(
@@ -119,7 +128,9 @@ class RouterMetrics:
             "narwhal_probes", "inference probes by outcome", ["engine", "outcome"], registry=r
         )
         self.retries = Counter(
-            "narwhal_retries", "fresh attempts after a transient fault", ["engine", "fault"],
+            "narwhal_retries",
+            "fresh attempts after a transient fault",
+            ["engine", "fault"],
             registry=r,
         )
         self.quarantines = Counter(

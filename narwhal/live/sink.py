@@ -14,6 +14,7 @@ request's scope, so the core's lifecycle is cancelled and releases what it holds
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -86,10 +87,8 @@ class AsgiSink:
         """End a committed body (no-op when the response is already complete or never began)."""
         if self.started and not self.finished and not self.gone:
             self.finished = True
-            try:
+            with contextlib.suppress(ClientGone):
                 await self._emit({"type": "http.response.body", "body": b"", "more_body": False})
-            except ClientGone:
-                pass
 
 
 async def run_with_disconnect(

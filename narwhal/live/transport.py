@@ -16,7 +16,9 @@ from ``finally`` blocks, possibly inside a cancelled scope), so both only *sched
 transport's own task group, whose tasks are not affected by the caller's cancellation. Closing a
 response that was not read to the end drops its connection, which is how the engine learns that
 the request was abandoned (vLLM aborts it). The transport is an async context manager: leaving
-it waits (bounded) for the scheduled closes and closes the client.
+it waits (bounded) for the scheduled closes and closes the client. Used without ``async with``
+(e.g. by ``EngineClient.http``), the client is created on first use and the scheduled work runs
+as plain asyncio tasks; call :meth:`aclose` when done.
 
 ``release_handoff`` POSTs the descriptor to ``<producer>/kv/release`` (Narwhal's emulator serves
 it; a real vLLM has no such endpoint): an engine that answers 404/405 is remembered and never
@@ -25,6 +27,8 @@ asked again, and every error is ignored.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
@@ -83,11 +87,10 @@ class HttpxTransport:
         self._tasks: TaskGroup | None = None
         self._no_release: set[str] = set()
         self._open: set[HttpStream] = set()
+        self._loose: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> HttpxTransport:
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None), limits=self._limits, http1=True, http2=False
-        )
+        _ = self.client
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         return self
@@ -100,16 +103,28 @@ class HttpxTransport:
     ) -> None:
         for stream in list(self._open):
             self.close_stream(stream)
-        assert self._tasks is not None and self._client is not None
+        tasks, self._tasks = self._tasks, None
         try:
-            await self._tasks.__aexit__(None, None, None)
+            if tasks is not None:
+                await tasks.__aexit__(None, None, None)
         finally:
-            await self._client.aclose()
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool (after the scheduled background work, bounded)."""
+        if self._loose:
+            with anyio.move_on_after(BACKGROUND_TIMEOUT_S):
+                await asyncio.gather(*self._loose, return_exceptions=True)
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
 
     @property
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
-            raise RuntimeError("HttpxTransport used outside 'async with'")
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(None), limits=self._limits, http1=True, http2=False
+            )
         return self._client
 
     def _timeout(self, deadline: float) -> float:
@@ -118,14 +133,15 @@ class HttpxTransport:
     def _background(self, job: Callable[[], Awaitable[None]]) -> None:
         async def bounded() -> None:
             with anyio.move_on_after(BACKGROUND_TIMEOUT_S, shield=True):
-                try:
+                with contextlib.suppress(Exception):
                     await job()
-                except Exception:  # noqa: BLE001 - best effort, never fatal
-                    pass
 
-        if self._tasks is None:
-            raise RuntimeError("HttpxTransport used outside 'async with'")
-        self._tasks.start_soon(bounded)
+        if self._tasks is not None:
+            self._tasks.start_soon(bounded)
+            return
+        task = asyncio.get_running_loop().create_task(bounded())  # no task group: plain task
+        self._loose.add(task)
+        task.add_done_callback(self._loose.discard)
 
     # ------------------------------------------------------------------ the port
 
@@ -196,10 +212,8 @@ class HttpxTransport:
         async def close() -> None:
             aclose = getattr(stream.chunks, "aclose", None)
             if aclose is not None:
-                try:
+                with contextlib.suppress(Exception):
                     await aclose()
-                except Exception:  # noqa: BLE001 - a generator broken by a timeout
-                    pass
             await stream.response.aclose()
 
         self._background(close)

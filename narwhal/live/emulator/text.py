@@ -1,0 +1,62 @@
+"""Deterministic prompts and generations of the emulator.
+
+Rule kept here: the text an emulated engine generates is a pure function of the prompt and the
+number of tokens, so tests can assert the exact tokens a client must receive
+(:func:`completion_tokens`), and a producer and a consumer agree on the same prompt.
+
+Theory of operation: a chat request is rendered with a ChatML-like template, a completions
+prompt is taken as is; like the tiny model of FACTS.md section 3, one character is one token and
+a prompt counts its characters plus one (BOS). Token ``i`` is a lowercase letter picked from the
+SHA-256 digest of the prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _content(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # OpenAI content parts
+        return "".join(str(part.get("text", "")) for part in value if isinstance(part, dict))
+    return "" if value is None else str(value)
+
+
+def prompt_text(body: dict[str, Any], chat: bool) -> str:
+    """The prompt an engine would tokenize for this request body."""
+    if chat:
+        rendered = [
+            f"<|im_start|>{m.get('role', 'user')}\n{_content(m.get('content'))}<|im_end|>\n"
+            for m in body.get("messages", [])
+            if isinstance(m, dict)
+        ]
+        return "".join(rendered) + "<|im_start|>assistant\n"
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        return "".join(p if isinstance(p, str) else str(p) for p in prompt)
+    return _content(prompt)
+
+
+def prompt_tokens(text: str) -> int:
+    """Characters plus one (the BOS token)."""
+    return len(text) + 1
+
+
+def digest(text: str) -> str:
+    """A short fingerprint of the prompt, stored with its KV blocks."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def completion_tokens(text: str, count: int) -> list[str]:
+    """The ``count`` tokens an emulated engine generates for prompt ``text``."""
+    seed = hashlib.sha256(text.encode()).digest()
+    return [ALPHABET[(seed[i % len(seed)] + i) % len(ALPHABET)] for i in range(count)]
+
+
+def completion_text(body: dict[str, Any], chat: bool, max_tokens: int) -> str:
+    """The whole text generated for a request body (what a client must receive)."""
+    return "".join(completion_tokens(prompt_text(body, chat), max_tokens))

@@ -1,0 +1,155 @@
+"""Ejection, quarantine, probe readmission, retries and cleanup, observed through /status and
+/metrics of a live router in front of emulated engines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+import openai
+import pytest
+
+from narwhal.live.emulator.text import completion_tokens, prompt_text
+from tests.live.conftest import HTTP, Emulator, RouterHandle, metric_value
+
+PROMPT = "probe me gently"
+
+
+def ask(handle: RouterHandle, max_tokens: int = 3) -> str:
+    reply = handle.client().completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=max_tokens
+    )
+    return reply.choices[0].text
+
+
+def expected(n: int = 3) -> str:
+    return "".join(completion_tokens(prompt_text({"prompt": PROMPT}, chat=False), n))
+
+
+def test_ejection_then_probe_readmission(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
+) -> None:
+    producer, consumer = emulator("prefill"), emulator("decode")
+    handle = router(
+        [{"url": producer.url, "role": "prefill"}, {"url": consumer.url, "role": "decode"}],
+        recovery={"eject_after": 2, "probe_interval_s": 0.2},
+    )
+    consumer.faults({"kind": "status", "code": 500})
+    for _ in range(2):
+        with pytest.raises(openai.APIStatusError) as caught:
+            ask(handle)
+        assert caught.value.status_code == 502
+    engine = handle.engine(consumer.url)
+    assert engine["state"] in ("ejected", "probing")
+    assert engine["ejected_since"] == pytest.approx(time.time(), abs=5)
+    metrics = handle.metrics()
+    assert metric_value(metrics, "narwhal_ejections_total", engine=consumer.url) == 1
+    # The only consumer is out: the router answers 503 with Retry-After, not a hang, and
+    # releases the producer's handoff nobody will pull.
+    held_before = producer.state()["kv_released"]
+    with pytest.raises(openai.APIStatusError) as caught:
+        ask(handle)
+    assert caught.value.status_code == 503
+    assert caught.value.response.headers["retry-after"]
+    handle.wait_for(lambda: producer.state()["kv_released"] == held_before + 1)
+    # Probes keep failing while the fault lasts; once cleared, one passes and readmits.
+    handle.wait_for(
+        lambda: metric_value(handle.metrics(), "narwhal_probes_total", outcome="failed") >= 1
+    )
+    consumer.clear()
+    handle.wait_for(lambda: handle.engine(consumer.url)["state"] == "ready")
+    metrics = handle.metrics()
+    assert (
+        metric_value(metrics, "narwhal_readmissions_total", engine=consumer.url, via="probe") == 1
+    )
+    assert metric_value(metrics, "narwhal_probes_total", engine=consumer.url, outcome="passed") == 1
+    assert ask(handle) == expected()
+    assert handle.engine(consumer.url)["failure_streak"] == 0
+
+
+def test_quarantine_is_visible(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
+) -> None:
+    producer, first, second = emulator("prefill"), emulator("decode"), emulator("decode")
+    handle = router(
+        [
+            {"url": producer.url, "role": "prefill"},
+            {"url": first.url, "role": "decode"},
+            {"url": second.url, "role": "decode"},
+        ],
+        recovery={"failure_quarantine_s": 2.0, "eject_after": 5, "probe_interval_s": 60.0},
+    )
+    first.faults({"kind": "done_first"})
+    second.faults({"kind": "done_first"})
+    with pytest.raises(openai.APIStatusError):
+        ask(handle)
+    engines = {e["url"]: e for e in handle.status()["engines"]}
+    quarantined = [e for e in engines.values() if e["state"] == "quarantined"]
+    assert len(quarantined) == 1
+    assert quarantined[0]["failure_streak"] == 1
+    assert 1.0 < quarantined[0]["quarantined_until"] - time.time() <= 2.0
+    assert metric_value(handle.metrics(), "narwhal_quarantines_total") == 1
+    metrics = handle.metrics()
+    assert (
+        metric_value(
+            metrics, "narwhal_engine_state", engine=quarantined[0]["url"], state="quarantined"
+        )
+        == 1
+    )
+
+
+def test_retry_before_commit_is_counted_and_logged(
+    emulator: Callable[..., Emulator],
+    router: Callable[..., RouterHandle],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    producer, consumer = emulator("prefill"), emulator("decode")
+    handle = router(
+        [{"url": producer.url, "role": "prefill"}, {"url": consumer.url, "role": "decode"}],
+        recovery={"max_attempts": 2, "probe_interval_s": 60.0},
+    )
+    consumer.faults({"kind": "hang_first_token", "count": 1})
+    caplog.set_level(logging.INFO, logger="narwhal.requests")
+    tokens = handle.client().completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=3, stream=True
+    )
+    assert "".join(c.choices[0].text for c in tokens if c.choices) == expected()
+    metrics = handle.metrics()
+    assert metric_value(metrics, "narwhal_retries_total", fault="first_token_timeout") == 1
+    assert metric_value(metrics, "narwhal_requests_total", outcome="ok", status="200") == 1
+    assert metric_value(metrics, "narwhal_ttft_s_count") == 1
+    assert metric_value(metrics, "narwhal_first_byte_s_count") == 1
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "narwhal.requests"]
+    assert len(lines) == 1
+    line = lines[0]
+    assert line["attempts"] == 2 and line["outcome"] == "ok" and line["status"] == 200
+    assert line["engines"] == [producer.url, consumer.url, producer.url, consumer.url]
+    assert 0 < line["ttft_s"] < line["first_byte_s"]
+    assert line["arrival"] == pytest.approx(time.time(), abs=10)
+
+
+@pytest.mark.parametrize("where", ["producer", "consumer"])
+def test_client_disconnect_releases_everything(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle], where: str
+) -> None:
+    producer, consumer = emulator("prefill"), emulator("decode")
+    handle = router(
+        [{"url": producer.url, "role": "prefill"}, {"url": consumer.url, "role": "decode"}],
+        engine={"first_token_timeout_s": 10.0, "max_handoff_age_s": 10.0},
+        recovery={"probe_interval_s": 60.0},
+    )
+    stuck = producer if where == "producer" else consumer
+    stuck.faults({"kind": "hang_headers" if where == "producer" else "hang_first_token"})
+    body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 3, "stream": True}
+    with pytest.raises(httpx.ReadTimeout):
+        HTTP.post(handle.url + "/v1/completions", json=body, timeout=0.5)
+    handle.wait_for(lambda: handle.status()["requests_in_flight"] == 0)
+    for engine in handle.status()["engines"]:
+        assert engine["reservations"] == {"prefill": 0, "decode": 0}
+        assert engine["failure_streak"] == 0  # a client cancel is never charged
+    handle.wait_for(lambda: stuck.state()["running"] == 0)  # the upstream request was aborted
+    assert stuck.state()["aborted"] == 1
+    assert metric_value(handle.metrics(), "narwhal_requests_total", outcome="client_gone") == 1
