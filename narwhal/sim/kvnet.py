@@ -72,8 +72,9 @@ class Link:
         if generation != self._generation:
             return
         self._advance()
-        finished = [flow for flow in self.flows if flow.remaining <= 1e-6]
-        self.flows = [flow for flow in self.flows if flow.remaining > 1e-6]
+        eps = 1.0 + self.bandwidth * 1e-9  # a byte, or a nanosecond's worth: float rounding
+        finished = [flow for flow in self.flows if flow.remaining <= eps]
+        self.flows = [flow for flow in self.flows if flow.remaining > eps]
         self._reschedule()
         for flow in finished:
             flow.done(not flow.fail)

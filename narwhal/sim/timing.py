@@ -166,7 +166,10 @@ def fit_report(model: str) -> FitReport:
     )
     points = tuple(
         ProfilePoint(
-            kind, batch, n, float(measured),
+            kind,
+            batch,
+            n,
+            float(measured),
             step.step_s(int(row[0]), int(row[1]), float(row[2])),
         )
         for (kind, batch, n), row, measured in zip(labels, x, y, strict=True)

@@ -1,0 +1,67 @@
+"""``narwhal simulate [SCENARIO.toml] [--seed N] [--out DIR]``.
+
+Rule kept here: the command only reads a scenario, runs it and writes results; the default
+scenario is embedded (``narwhal/sim/scenarios/default.toml``), so the command works with no
+arguments. Heavy imports happen inside the handler so ``narwhal --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="simulate a faulty GPU fleet behind Narwhal's policies (SimPy)",
+        description=(
+            "Run a scenario (router config + [fleet] + [workload] + [[faults]] + [sim]) through "
+            "the simulator, print a summary table and write records, timelines, the decision "
+            "log and a plot. With no scenario, runs the embedded default."
+        ),
+    )
+    parser.add_argument("scenario", nargs="?", help="scenario TOML file (default: embedded)")
+    parser.add_argument("--seed", type=int, default=None, help="override [sim].seed")
+    parser.add_argument("--out", default="narwhal-out", help="output folder (./narwhal-out)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument(
+        "--print-default", action="store_true", help="print the embedded default scenario and exit"
+    )
+    parser.set_defaults(func=_simulate)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from narwhal.sim.scenario import ScenarioError, default_scenario_text, load_scenario
+
+    if args.print_default:
+        sys.stdout.write(default_scenario_text())
+        return 0
+    try:
+        scenario = load_scenario(args.scenario)
+    except (ScenarioError, ValueError) as error:
+        print(f"narwhal simulate: {error}", file=sys.stderr)
+        return 2
+    from narwhal.sim.results import record_rows, summarize, table, write
+    from narwhal.sim.runner import run
+
+    try:
+        result = run(scenario, args.seed)
+    except ValueError as error:
+        print(f"narwhal simulate: {error}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    summary = write(result, out)
+    if not args.no_plot:
+        from narwhal.sim.plot import plot
+
+        plot(result, record_rows(result), summarize(result), out / "plot.png")
+    sys.stdout.write(table(summary))
+    rate = len(result.records) / result.wall_s if result.wall_s > 0 else 0.0
+    print(
+        f"\n{len(result.records)} requests simulated in {result.wall_s:.1f} s wall "
+        f"({rate:,.0f} req/s); results in {out}/"
+    )
+    return 0

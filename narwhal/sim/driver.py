@@ -1,0 +1,326 @@
+"""The simulation's ports: Clock, Transport, ClientSink and spawn over SimPy, and the stepper
+that runs the core's coroutines (``serve_request``, ``maintenance_loop``) unchanged.
+
+Rule kept here: this module translates, it never decides. Every port call becomes engine work
+or SimPy events; every deadline the core passes is honoured exactly (absolute ``env.now``
+values); no placement, retry, breaker or timeout policy lives here.
+
+Theory of operation: a core coroutine awaits only objects returned by these ports. A port call
+whose answer is already known (a stream's buffered bytes, an open that the engine answers at
+once, a client write) returns a *ready* awaitable that completes without suspending. Otherwise
+it returns an *op* whose ``__await__`` does ``result = yield self; return result``. A
+:class:`Task` steps the coroutine: ``op = coro.send(value)``, then ``op.start(task)`` either
+gives a value at once (the loop continues) or registers the task to be resumed later (by a
+SimPy event callback for sleeps and deadlines, or by an engine step that produced the awaited
+bytes) with :meth:`Wait.fire`; whichever of result and deadline comes first wins, the other is
+ignored. A task is thus a light SimPy process: it costs no event of its own per resume, which is
+what keeps the simulation at one event per engine iteration rather than one per token.
+
+Stream deadlines use one lazy timer per stream: the timer fires at the earliest deadline set;
+if the router has meanwhile moved its deadline later (a chunk arrived), the timer re-arms at
+the new deadline instead of firing, so a long healthy stream costs a handful of timer events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any
+
+import simpy
+
+from narwhal.core.ports import (
+    CallResult,
+    ChunkResult,
+    OpenResult,
+    Ports,
+    TimedOut,
+)
+from narwhal.sim.engine import Seq, SimEngine, SimStream, take_chunk
+
+PENDING: Any = object()  # op.start() result: the task will be resumed later
+EPOCH = 1_767_225_600.0  # wall() of simulated time 0 (2026-01-01T00:00:00Z), display only
+_TIMED_OUT = TimedOut()
+
+
+class Ready:
+    """An awaitable whose value is already known: awaiting it does not suspend the task."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self.value
+        yield  # pragma: no cover - makes this a generator
+
+
+READY_NONE = Ready(None)
+
+
+class Op:
+    """A request to the driver: yielded to the :class:`Task`, answered with ``send``."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        result = yield self
+        return result
+
+    def start(self, task: Task) -> Any:
+        """Begin the operation: return its result now, or :data:`PENDING`."""
+        raise NotImplementedError
+
+
+class Task:
+    """Steps one core coroutine; resumed by whatever satisfies the op it waits on."""
+
+    __slots__ = ("coro", "on_done")
+
+    def __init__(
+        self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any], None] | None = None
+    ) -> None:
+        self.coro = coro
+        self.on_done = on_done
+
+    def resume(self, value: Any = None) -> None:
+        coro = self.coro
+        while True:
+            try:
+                op = coro.send(value)
+            except StopIteration as stop:
+                if self.on_done is not None:
+                    self.on_done(stop.value)
+                return
+            value = op.start(self)
+            if value is PENDING:
+                return
+
+
+class Wait:
+    """One pending op of one task: the first :meth:`fire` resumes the task, later ones are
+    ignored (result versus deadline)."""
+
+    __slots__ = ("done", "seq", "task")
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.done = False
+        self.seq: Seq | None = None
+
+    def fire(self, value: object) -> None:
+        if not self.done:
+            self.done = True
+            self.task.resume(value)
+
+
+# ---------------------------------------------------------------- Clock
+
+
+class _SleepOp(Op):
+    __slots__ = ("clock", "seconds")
+
+    def __init__(self, clock: SimClock, seconds: float) -> None:
+        self.clock = clock
+        self.seconds = seconds
+
+    def start(self, task: Task) -> Any:
+        timer = self.clock.env.timeout(max(0.0, self.seconds))
+        timer.callbacks.append(lambda _event: task.resume(None))
+        return PENDING
+
+
+class SimClock:
+    """Simulated time: ``now()`` is ``env.now``."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+
+    def now(self) -> float:
+        return float(self.env.now)
+
+    def wall(self) -> float:
+        return EPOCH + float(self.env.now)
+
+    def sleep(self, seconds: float) -> _SleepOp:
+        return _SleepOp(self, seconds)
+
+
+# ---------------------------------------------------------------- Transport
+
+
+class _CallOp(Op):
+    __slots__ = ("args", "deadline", "engine", "transport")
+
+    def __init__(
+        self, transport: SimTransport, engine: SimEngine, args: tuple[Any, ...], deadline: float
+    ) -> None:
+        self.transport = transport
+        self.engine = engine
+        self.args = args
+        self.deadline = deadline
+
+    def start(self, task: Task) -> Any:
+        env = self.transport.env
+        if self.deadline <= env.now:
+            return _TIMED_OUT
+        wait = Wait(task)
+        method, path, body, headers = self.args
+        result = self.engine.call(method, path, body, headers, wait)
+        if not isinstance(result, Seq):
+            return result
+        wait.seq = result
+        engine = self.engine
+
+        def expire(_event: Any) -> None:
+            if not wait.done:
+                engine.abort(result)  # the router hung up: the engine drops the request
+                wait.fire(_TIMED_OUT)
+
+        env.timeout(self.deadline - env.now).callbacks.append(expire)
+        return PENDING
+
+
+class _ChunkOp(Op):
+    __slots__ = ("deadline", "stream", "transport")
+
+    def __init__(self, transport: SimTransport, stream: SimStream, deadline: float) -> None:
+        self.transport = transport
+        self.stream = stream
+        self.deadline = deadline
+
+    def start(self, task: Task) -> Any:
+        stream, env = self.stream, self.transport.env
+        if self.deadline <= env.now:
+            return _TIMED_OUT
+        wait = Wait(task)
+        stream.waiter = wait
+        stream.deadline = self.deadline
+        if stream.timer_at < 0 or stream.timer_at > self.deadline:
+            self.transport.arm(stream, self.deadline)
+        return PENDING
+
+
+class SimTransport:
+    """Engine calls over the simulated fleet (URL -> :class:`SimEngine`)."""
+
+    def __init__(self, env: simpy.Environment, engines: dict[str, SimEngine]) -> None:
+        self.env = env
+        self.engines = engines
+
+    def call(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        headers: dict[str, str],
+        deadline: float,
+    ) -> _CallOp:
+        return _CallOp(self, self.engines[url], (method, path, body, headers), deadline)
+
+    def open_stream(
+        self,
+        url: str,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        deadline: float,
+    ) -> Ready:
+        if deadline <= self.env.now:
+            return Ready(_TIMED_OUT)
+        result: OpenResult = self.engines[url].open_stream(path, body, headers)
+        return Ready(result)
+
+    def next_chunk(self, handle: Any, deadline: float) -> Ready | _ChunkOp:
+        stream: SimStream = handle
+        if stream.buffer or stream.ended is not None:
+            return Ready(take_chunk(stream))
+        return _ChunkOp(self, stream, deadline)
+
+    def close_stream(self, handle: Any) -> None:
+        if handle is None:
+            return
+        stream: SimStream = handle
+        stream.waiter = None
+        stream.engine.close_stream(stream)
+
+    def release_handoff(self, producer_url: str, descriptor: dict[str, Any]) -> None:
+        engine = self.engines.get(producer_url)
+        if engine is not None:
+            engine.release_handoff(descriptor)
+
+    def arm(self, stream: SimStream, at: float) -> None:
+        """(Re)arm the stream's deadline timer to fire at ``at``."""
+        stream.timer_at = at
+        timer = self.env.timeout(at - self.env.now)
+        timer.callbacks.append(lambda _event: self._on_timer(stream, at))
+
+    def _on_timer(self, stream: SimStream, at: float) -> None:
+        if stream.timer_at != at:
+            return  # superseded by an earlier timer
+        stream.timer_at = -1.0
+        wait = stream.waiter
+        if wait is None:
+            return
+        if self.env.now >= stream.deadline:
+            stream.waiter = None
+            wait.fire(_TIMED_OUT)
+        else:
+            self.arm(stream, stream.deadline)
+
+
+# ---------------------------------------------------------------- client sink and spawn
+
+
+class SimSink:
+    """The simulated client: it reads everything at once and never goes away."""
+
+    __slots__ = ()
+
+    def respond(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> Ready:
+        return READY_NONE
+
+    def commit(self, headers: dict[str, str]) -> Ready:
+        return READY_NONE
+
+    def send(self, data: bytes) -> Ready:
+        return READY_NONE
+
+
+SINK = SimSink()
+
+
+def make_ports(env: simpy.Environment, engines: dict[str, SimEngine]) -> Ports:
+    """The ports a core coroutine needs, over ``env`` and the simulated fleet."""
+
+    def spawn(factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        task = Task(factory())
+        env.timeout(0).callbacks.append(lambda _event: task.resume(None))
+
+    return Ports(clock=SimClock(env), transport=SimTransport(env, engines), spawn=spawn)
+
+
+def start(
+    env: simpy.Environment,
+    coro: Coroutine[Any, Any, Any],
+    on_done: Callable[[Any], None] | None = None,
+) -> Task:
+    """Run ``coro`` from now on (its first step happens at once)."""
+    task = Task(coro, on_done)
+    task.resume(None)
+    return task
+
+
+__all__ = [
+    "SINK",
+    "CallResult",
+    "ChunkResult",
+    "Ready",
+    "SimClock",
+    "SimSink",
+    "SimTransport",
+    "Task",
+    "make_ports",
+    "start",
+]

@@ -1,0 +1,218 @@
+"""Faults: engine behaviours switched on and off on a schedule or at random rates.
+
+Rule kept here: a fault is something an *engine* does (crash, hang, run slow, misbehave on some
+requests); the router is never told. Whether the router notices, and what it does, is the
+core's business. All randomness (which engine, when) comes from the seeded RNG passed in, so a
+seed replays the same fault history.
+
+Theory of operation: each ``[[faults]]`` entry of a scenario is a :class:`FaultSpec`. Before the
+run, :func:`expand` turns the specs into concrete :class:`FaultWindow` values (engine, kind,
+start, end): a scheduled fault (``at_s``) hits ``engine``, or ``count`` engines of ``role``
+chosen by the RNG; a rate fault (``rate_per_hour``, per engine) draws Poisson start times over
+the horizon for every targeted engine. Windows of one kind on one engine never overlap (a later
+one that would is dropped). :func:`install` schedules two SimPy callbacks per window that flip
+the engine's switches: crash/restart, hang/resume, slow factor, or a per-request fault that
+applies to each request with ``probability`` while the window is open.
+
+Kinds:
+- ``crash``: connections refused, ``/health`` fails, in-flight requests reset, KV lost; the
+  engine restarts empty (new engine id) at the end of the window.
+- ``hang``: ``/health`` still answers 200 and streams open, but no step runs (FACTS.md 3).
+- ``slow``: every step takes ``factor`` times longer.
+- ``stall``: a stream goes silent after ``after_tokens`` tokens (the engine stays healthy).
+- ``early_done``: ``data: [DONE]`` after ``after_tokens`` tokens (0: before any token).
+- ``inband_error``: HTTP 200, then an error object (code 500) and ``[DONE]``.
+- ``disconnect``: the stream closes before ``[DONE]``.
+- ``http_5xx``: requests answered with HTTP 500; ``refused``: connections refused.
+- ``kv_transfer_fail``: KV pulls to or from the engine fail (the consumer then follows its
+  ``kv_load_failure_policy``); ``release_handoff``: the producer frees a handoff's blocks at
+  once, so the pull finds nothing; ``bad_descriptor``: the producer's descriptor has no engine id.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import simpy
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from narwhal.sim.engine import SimEngine
+
+FaultKindName = Literal[
+    "crash",
+    "hang",
+    "slow",
+    "stall",
+    "early_done",
+    "inband_error",
+    "disconnect",
+    "http_5xx",
+    "refused",
+    "kv_transfer_fail",
+    "release_handoff",
+    "bad_descriptor",
+]
+REQUEST_FAULTS = frozenset(
+    {
+        "stall",
+        "early_done",
+        "inband_error",
+        "disconnect",
+        "http_5xx",
+        "refused",
+        "kv_transfer_fail",
+        "release_handoff",
+        "bad_descriptor",
+    }
+)
+
+
+class FaultSpec(BaseModel):
+    """One ``[[faults]]`` entry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: FaultKindName
+    engine: str | None = None  # an engine URL
+    role: Literal["prefill", "decode", "both", "any"] | None = None
+    count: int = Field(1, ge=1)  # scheduled faults on a role: how many engines (seeded choice)
+    at_s: float | None = Field(None, ge=0)
+    rate_per_hour: float | None = Field(None, gt=0)  # per targeted engine (Poisson)
+    duration_s: float = Field(30.0, gt=0)
+    factor: float = Field(3.0, gt=0)  # slow
+    probability: float = Field(1.0, gt=0, le=1)  # request faults: share of requests hit
+    after_tokens: int = Field(0, ge=0)  # stream faults: tokens sent before the fault
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> FaultSpec:
+        if (self.at_s is None) == (self.rate_per_hour is None):
+            raise ValueError("give exactly one of 'at_s' (a schedule) or 'rate_per_hour'")
+        if self.engine is not None and self.role is not None:
+            raise ValueError("give 'engine' or 'role', not both")
+        return self
+
+
+@dataclass(frozen=True)
+class FaultWindow:
+    """One fault on one engine, from ``start`` to ``end`` (simulated seconds)."""
+
+    url: str
+    kind: str
+    start: float
+    end: float
+    factor: float = 1.0
+    probability: float = 1.0
+    after_tokens: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "engine": self.url,
+            "kind": self.kind,
+            "start": self.start,
+            "end": self.end,
+            "factor": self.factor,
+            "probability": self.probability,
+            "after_tokens": self.after_tokens,
+        }
+
+
+def _targets(spec: FaultSpec, roles: dict[str, str]) -> list[str]:
+    if spec.engine is not None:
+        if spec.engine not in roles:
+            raise ValueError(f"faults: engine {spec.engine!r} is not in the fleet")
+        return [spec.engine]
+    role = spec.role or "any"
+    return [url for url, r in roles.items() if role == "any" or r == role]
+
+
+def expand(
+    specs: list[FaultSpec], roles: dict[str, str], horizon_s: float, rng: random.Random
+) -> list[FaultWindow]:
+    """Concrete fault windows for one run, sorted by start time."""
+    windows: list[FaultWindow] = []
+    for spec in specs:
+        targets = _targets(spec, roles)
+        if not targets:
+            continue
+
+        def make(url: str, start: float, spec: FaultSpec = spec) -> FaultWindow:
+            return FaultWindow(
+                url,
+                spec.kind,
+                start,
+                start + spec.duration_s,
+                spec.factor,
+                spec.probability,
+                spec.after_tokens,
+            )
+
+        if spec.at_s is not None:
+            chosen = targets if spec.engine else rng.sample(targets, min(spec.count, len(targets)))
+            for url in chosen:
+                windows.append(make(url, spec.at_s))
+            continue
+        assert spec.rate_per_hour is not None
+        rate = spec.rate_per_hour / 3600.0
+        for url in targets:
+            t = rng.expovariate(rate)
+            while t < horizon_s:
+                windows.append(make(url, t))
+                t += spec.duration_s + rng.expovariate(rate)
+    windows.sort(key=lambda w: (w.start, w.url, w.kind))
+    kept: list[FaultWindow] = []
+    busy_until: dict[tuple[str, str], float] = {}
+    for window in windows:
+        key = (window.url, window.kind)
+        if window.start < busy_until.get(key, -1.0):
+            continue
+        busy_until[key] = window.end
+        kept.append(window)
+    return kept
+
+
+def _begin(engine: SimEngine, w: FaultWindow) -> None:
+    if w.kind == "crash":
+        engine.crash()
+    elif w.kind == "hang":
+        engine.set_hung(True)
+    elif w.kind == "slow":
+        engine.set_slow(w.factor)
+    else:
+        engine.add_request_fault(w.kind, w.probability, w.after_tokens)
+
+
+def _end(engine: SimEngine, w: FaultWindow) -> None:
+    if w.kind == "crash":
+        engine.restart()
+    elif w.kind == "hang":
+        engine.set_hung(False)
+    elif w.kind == "slow":
+        engine.set_slow(1.0)
+    else:
+        engine.remove_request_fault(w.kind, w.probability, w.after_tokens)
+
+
+def install(
+    env: simpy.Environment, engines: dict[str, SimEngine], windows: list[FaultWindow]
+) -> None:
+    """Schedule every window's start and end on ``env``."""
+    for window in windows:
+        engine = engines[window.url]
+        _at(env, window.start, _begin, engine, window)
+        _at(env, window.end, _end, engine, window)
+
+
+def _at(
+    env: simpy.Environment,
+    t: float,
+    action: Callable[[SimEngine, FaultWindow], None],
+    engine: SimEngine,
+    window: FaultWindow,
+) -> None:
+    def fire(_event: object) -> None:
+        action(engine, window)
+
+    env.timeout(max(0.0, t - env.now)).callbacks.append(fire)

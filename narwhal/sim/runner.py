@@ -1,0 +1,201 @@
+"""The runner: builds a simulated fleet from a scenario and runs the core against it.
+
+Rule kept here: the runner wires, it does not decide. Requests are served by
+:func:`narwhal.core.lifecycle.serve_request` and probes/health checks by
+:func:`narwhal.core.probe.maintenance_loop`, unchanged, through the ports of
+:mod:`narwhal.sim.driver`; the runner only feeds arrivals, flips faults and observes.
+
+Theory of operation: one seed makes the run. It is split into independent RNGs (workload,
+faults, one per engine, the router's policies), so changing one part never shifts another's
+draws. Arrivals come from one SimPy process; each starts a task running ``serve_request``
+whose record the core hands to ``policies.on_record``. A sampler process snapshots every
+engine (router-side breaker state and reservations, engine-side condition and queues) every
+``sim.sample_interval_s``. The run ends when the last request has its record (the maintenance
+loop is then told to stop); :class:`RunResult` carries everything :mod:`narwhal.sim.results`
+needs.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from narwhal.core.lifecycle import serve_request
+from narwhal.core.policies import Policies
+from narwhal.core.probe import maintenance_loop
+from narwhal.core.records import DecisionLog, RequestRecord
+from narwhal.core.requests import CHAT, COMPLETIONS, ClientRequest
+from narwhal.sim.driver import SINK, make_ports, start
+from narwhal.sim.engine import SimEngine
+from narwhal.sim.faults import FaultWindow, expand, install
+from narwhal.sim.kvnet import KvNetwork
+from narwhal.sim.scenario import Scenario
+from narwhal.sim.timing import step_model
+from narwhal.sim.workload import Arrival, generate
+
+
+@dataclass
+class RunResult:
+    """Everything one run produced (all of it a function of the scenario and the seed)."""
+
+    scenario: Scenario
+    seed: int
+    arrivals: list[Arrival]
+    records: list[RequestRecord]
+    fault_windows: list[FaultWindow]
+    samples: list[dict[str, Any]]
+    conditions: list[dict[str, Any]]  # engine-side condition changes (faults)
+    decisions: list[dict[str, Any]]
+    engines: dict[str, dict[str, Any]]  # per-engine totals
+    sim_end_s: float
+    wall_s: float = field(default=0.0, compare=False)  # not part of the written results
+
+
+def _prompt_text(cache: dict[int, str], tokens: int) -> str:
+    text = cache.get(tokens)
+    if text is None:
+        text = cache[tokens] = "x" * max(0, tokens - 1)  # the sim tokenizer adds one (BOS)
+    return text
+
+
+def run(
+    scenario: Scenario, seed: int | None = None, *, log: DecisionLog | None = None
+) -> RunResult:
+    """Simulate ``scenario`` (with ``seed`` overriding ``[sim].seed``)."""
+    wall_start = time.perf_counter()
+    scenario = scenario.with_seed(seed)
+    sim, fleet, config = scenario.sim, scenario.fleet, scenario.router
+    root = random.Random(sim.seed)
+    workload_rng = random.Random(root.getrandbits(64))
+    fault_rng = random.Random(root.getrandbits(64))
+    engine_seed = root.getrandbits(64)
+    policy_seed = root.getrandbits(64)
+
+    env = simpy.Environment()
+    timing = step_model(fleet.model)
+    params = fleet.engine_params()
+    net = KvNetwork(
+        env,
+        bandwidth_gbps=fleet.link_bandwidth_gbps,
+        setup_s=fleet.link_setup_ms / 1e3,
+        topology=fleet.topology,
+    )
+    conditions: list[dict[str, Any]] = []
+
+    def on_state(engine: SimEngine, state: str) -> None:
+        conditions.append({"t": float(env.now), "engine": engine.url, "condition": state})
+
+    registry: dict[str, SimEngine] = {}
+    engines: dict[str, SimEngine] = {}
+    for index, entry in enumerate(config.engines):
+        rng = random.Random(f"{engine_seed}/{entry.url}")
+        engines[entry.url] = SimEngine(
+            env, entry.url, index, params, timing, net, registry, rng, on_state=on_state
+        )
+
+    log = log if log is not None else DecisionLog(enabled=sim.decision_log)
+    records: list[RequestRecord] = []
+    arrivals = generate(scenario.workload, workload_rng)
+    total = len(arrivals)
+    all_done = env.event()
+
+    def on_record(record: RequestRecord) -> None:
+        records.append(record)
+        if len(records) == total and not all_done.triggered:
+            all_done.succeed()
+
+    policies = Policies(config, seed=policy_seed, log=log, on_record=on_record)
+    ports = make_ports(env, engines)
+    horizon = (arrivals[-1].t if arrivals else 0.0) + config.engine.request_timeout_s
+    roles = {e.url: e.role.value for e in config.engines}
+    windows = expand(list(scenario.faults), roles, horizon, fault_rng)
+    install(env, engines, windows)
+
+    stopped = False
+    start(
+        env,
+        maintenance_loop(
+            ports,
+            policies,
+            stop=lambda: stopped,
+            tick_s=sim.tick_s,
+            health_checks=sim.health_checks,
+        ),
+    )
+
+    endpoint = CHAT if scenario.workload.endpoint == "chat" else COMPLETIONS
+    stream = scenario.workload.stream
+    model = fleet.model
+    prompts: dict[int, str] = {}
+
+    def feed() -> Any:
+        for i, arrival in enumerate(arrivals):
+            delay = arrival.t - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            text = _prompt_text(prompts, arrival.prompt)
+            if endpoint == CHAT:
+                body: dict[str, Any] = {
+                    "model": model,
+                    "max_tokens": arrival.output,
+                    "messages": [{"role": "user", "content": text}],
+                }
+            else:
+                body = {"model": model, "prompt": text, "max_tokens": arrival.output}
+            body["stream"] = stream
+            request = ClientRequest(f"req-{i}", endpoint, body, float(env.now))
+            start(env, serve_request(request, ports, policies, SINK))
+
+    samples: list[dict[str, Any]] = []
+
+    def sample() -> Any:
+        while True:
+            now = float(env.now)
+            for url, engine in engines.items():
+                counts = policies.placement.counts[url]
+                samples.append(
+                    {
+                        "t": now,
+                        "engine": url,
+                        "router_state": policies.breaker.state(url, now).value,
+                        "condition": engine.condition(),
+                        "reserved_prefill": counts["prefill"],
+                        "reserved_decode": counts["decode"],
+                        **engine.load(),
+                    }
+                )
+            yield env.timeout(sim.sample_interval_s)
+
+    env.process(feed())
+    env.process(sample())
+    if total:
+        env.run(until=env.any_of([all_done, env.timeout(sim.max_sim_s)]))
+    stopped = True
+    totals = {
+        url: {
+            "role": roles[url],
+            "steps": e.steps,
+            "busy_s": e.busy_s,
+            "preemptions": e.preemptions,
+            "tokens_out": e.tokens_out,
+            "times_ejected": policies.breaker.health(url).times_ejected,
+        }
+        for url, e in engines.items()
+    }
+    return RunResult(
+        scenario=scenario,
+        seed=sim.seed,
+        arrivals=arrivals,
+        records=records,
+        fault_windows=windows,
+        samples=samples,
+        conditions=conditions,
+        decisions=[d.as_dict() for d in log.entries],
+        engines=totals,
+        sim_end_s=float(env.now),
+        wall_s=time.perf_counter() - wall_start,
+    )

@@ -1,0 +1,224 @@
+"""Scenarios: one TOML file = the router's configuration + a fleet, a workload, faults and run
+settings.
+
+Rule kept here: the router part is the core's :class:`~narwhal.core.config.NarwhalConfig`,
+with the same key names and validation as a live deployment (``[engine]``, ``[recovery]``,
+``[engine_contract]``, ``[[engines]]``); the simulator's own sections (``[fleet]``,
+``[workload]``, ``[[faults]]``, ``[sim]``) are pydantic models that refuse unknown keys. Every
+refusal is a :class:`ScenarioError` naming each bad key as a dotted path.
+
+Theory of operation: :func:`load_scenario` reads TOML (or the embedded default,
+``narwhal/sim/scenarios/default.toml``) and :func:`parse_scenario` validates it. When
+``[[engines]]`` is absent the fleet is generated from ``[fleet]`` counts as synthetic URLs
+(``http://sim-p0``, ``http://sim-d0``, ``http://sim-b0``); when present, its URLs and roles are
+used as given.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from narwhal.core.config import ConfigError, NarwhalConfig, parse_config
+from narwhal.sim.engine import EngineParams
+from narwhal.sim.faults import FaultSpec
+from narwhal.sim.timing import kv_cache_tokens, model_names
+from narwhal.sim.workload import WorkloadSettings
+
+ROUTER_KEYS = ("engine", "recovery", "engine_contract", "engines")
+DEFAULT_SCENARIO = "default.toml"
+
+
+class ScenarioError(ValueError):
+    """A scenario was refused; the message names every bad key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FleetSettings(_Strict):
+    """``[fleet]``: how many engines and what each one is."""
+
+    prefill: int = Field(0, ge=0)
+    decode: int = Field(0, ge=0)
+    both: int = Field(0, ge=0)
+    model: str = "llama3-8b"
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(2048, ge=16)
+    block_size: int = Field(16, ge=1)
+    kv_cache_tokens: int | None = Field(None, ge=64)  # None: from GPU memory and the model
+    gpu_memory_gb: float = Field(141.0, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    step_overhead_ms: float = Field(2.0, ge=0)
+    jitter: float = Field(0.05, ge=0, lt=1)
+    stream_interval: int = Field(1, ge=1)
+    kv_lease_s: float = Field(30.0, gt=0)
+    kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
+    link_bandwidth_gbps: float = Field(40.0, gt=0)  # GB/s per link
+    link_setup_ms: float = Field(1.0, ge=0)
+    topology: Literal["per_consumer", "shared"] = "per_consumer"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FleetSettings:
+        if self.model not in model_names():
+            raise ValueError(f"model {self.model!r} is not in the profile ({model_names()})")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        return self
+
+    def engine_params(self) -> EngineParams:
+        tokens = self.kv_cache_tokens or kv_cache_tokens(
+            self.model, self.gpu_memory_gb, self.gpu_memory_utilization
+        )
+        return EngineParams(
+            model=self.model,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            block_size=self.block_size,
+            num_blocks=max(8, tokens // self.block_size),
+            step_overhead_s=self.step_overhead_ms / 1e3,
+            jitter=self.jitter,
+            stream_interval=self.stream_interval,
+            kv_lease_s=self.kv_lease_s,
+            kv_load_failure_policy=self.kv_load_failure_policy,
+        )
+
+
+class SimSettings(_Strict):
+    """``[sim]``: the run itself and how it is judged."""
+
+    seed: int = 0
+    slo_ttft_s: float = Field(2.0, gt=0)  # DistServe: time to first token seen by the client
+    slo_tpot_s: float = Field(0.1, gt=0)  # DistServe: mean time per output token
+    sample_interval_s: float = Field(1.0, gt=0)  # state timeline sampling
+    decision_log: bool = True
+    health_checks: bool = True
+    tick_s: float | None = Field(None, gt=0)  # maintenance loop tick (None: the core's default)
+    max_sim_s: float = Field(86_400.0, gt=0)  # safety stop
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    description: str = ""
+    router: NarwhalConfig
+    fleet: FleetSettings
+    workload: WorkloadSettings
+    faults: tuple[FaultSpec, ...] = ()
+    sim: SimSettings = SimSettings()
+
+    def with_seed(self, seed: int | None) -> Scenario:
+        if seed is None:
+            return self
+        return self.model_copy(update={"sim": self.sim.model_copy(update={"seed": seed})})
+
+
+def _format(error: ValidationError, source: str, prefix: str = "") -> list[str]:
+    lines = []
+    for item in error.errors():
+        path = prefix
+        for part in item["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        reason = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            reason = "unknown key (check the spelling against docs/simulator.md)"
+        elif item["type"] == "missing":
+            reason = "required key is missing"
+        lines.append(f"  {path or '(top level)'}: {reason}")
+    return lines
+
+
+def _fleet_engines(fleet: FleetSettings) -> list[dict[str, str]]:
+    engines = [{"url": f"http://sim-p{i}", "role": "prefill"} for i in range(fleet.prefill)]
+    engines += [{"url": f"http://sim-d{i}", "role": "decode"} for i in range(fleet.decode)]
+    engines += [{"url": f"http://sim-b{i}", "role": "both"} for i in range(fleet.both)]
+    return engines
+
+
+def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
+    """Validate a mapping (as read from TOML) into a :class:`Scenario`."""
+    problems: list[str] = []
+    known = {*ROUTER_KEYS, "name", "description", "fleet", "workload", "faults", "sim"}
+    for key in sorted(set(data) - known):
+        problems.append(f"  {key}: unknown key (check the spelling against docs/simulator.md)")
+    parts: dict[str, Any] = {}
+    models: dict[str, type[BaseModel]] = {
+        "fleet": FleetSettings,
+        "workload": WorkloadSettings,
+        "sim": SimSettings,
+    }
+    for key, model in models.items():
+        try:
+            parts[key] = model.model_validate(data.get(key, {}))
+        except ValidationError as error:
+            problems.extend(_format(error, source, key))
+    faults: list[FaultSpec] = []
+    raw_faults = data.get("faults", [])
+    if not isinstance(raw_faults, list):
+        problems.append("  faults: must be an array of tables ([[faults]])")
+        raw_faults = []
+    for i, raw in enumerate(raw_faults):
+        try:
+            faults.append(FaultSpec.model_validate(raw))
+        except ValidationError as error:
+            problems.extend(_format(error, source, f"faults[{i}]"))
+    router_data = {k: data[k] for k in ROUTER_KEYS if k in data}
+    if "engines" not in router_data and "fleet" in parts:
+        router_data["engines"] = _fleet_engines(parts["fleet"])
+        if not router_data["engines"]:
+            problems.append("  fleet: no engines (set prefill/decode/both, or list [[engines]])")
+    elif "engines" in router_data and "fleet" in parts:
+        fleet = parts["fleet"]
+        if fleet.prefill or fleet.decode or fleet.both:
+            problems.append("  fleet: give engine counts or [[engines]], not both")
+    if "engines" not in router_data:  # [fleet] was refused: still check the router's keys
+        router_data["engines"] = _fleet_engines(FleetSettings(prefill=1, decode=1))
+    router: NarwhalConfig | None = None
+    try:
+        router = parse_config(router_data, source)
+    except ConfigError as error:
+        problems.extend(str(error).splitlines()[1:])
+    if router is not None:
+        urls = {e.url for e in router.engines}
+        for i, spec in enumerate(faults):
+            if spec.engine is not None and spec.engine not in urls:
+                problems.append(f"  faults[{i}].engine: {spec.engine!r} is not in the fleet")
+    if problems or router is None:
+        raise ScenarioError("\n".join([f"invalid scenario in {source}:", *problems]))
+    return Scenario(
+        name=str(data.get("name", Path(source).stem)),
+        description=str(data.get("description", "")),
+        router=router,
+        fleet=parts["fleet"],
+        workload=parts["workload"],
+        faults=tuple(faults),
+        sim=parts["sim"],
+    )
+
+
+def default_scenario_text() -> str:
+    return resources.files("narwhal.sim").joinpath("scenarios", DEFAULT_SCENARIO).read_text("utf-8")
+
+
+def load_scenario(path: str | Path | None = None) -> Scenario:
+    """Read a scenario file; ``None`` reads the embedded default."""
+    if path is None:
+        text, source = default_scenario_text(), "default.toml (embedded)"
+    else:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ScenarioError(f"cannot read scenario {path}: {error.strerror or error}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ScenarioError(f"invalid TOML in {source}: {error}") from None
+    scenario = parse_scenario(data, source)
+    if path is None:
+        scenario = scenario.model_copy(update={"name": str(data.get("name", "default"))})
+    return scenario

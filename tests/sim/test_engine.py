@@ -1,0 +1,150 @@
+"""The engine model: vLLM's bytes, chunked prefill under a token budget, the sequence cap,
+KV-block preemption, and one SimPy event per engine step."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import simpy
+
+from narwhal.core.descriptor import validate_descriptor
+from narwhal.core.ports import Chunk, Reply, StreamOpened
+from narwhal.core.sse import EventKind, SseParser
+from narwhal.sim.driver import SimTransport, start
+from narwhal.sim.engine import EngineParams, SimEngine
+from narwhal.sim.kvnet import KvNetwork
+from narwhal.sim.timing import step_model
+
+URL = "http://sim-e0"
+
+
+def make(**params: Any) -> tuple[simpy.Environment, SimEngine, SimTransport]:
+    env = simpy.Environment()
+    settings = {"model": "llama3-8b", "jitter": 0.0, **params}
+    net = KvNetwork(env, bandwidth_gbps=40.0, setup_s=0.001)
+    engine = SimEngine(
+        env, URL, 0, EngineParams(**settings), step_model("llama3-8b"), net, {}, random.Random(1)
+    )
+    return env, engine, SimTransport(env, {URL: engine})
+
+
+def prefill_body(chars: int) -> dict[str, Any]:
+    return {
+        "prompt": "x" * chars,
+        "max_tokens": 1,
+        "stream": False,
+        "kv_transfer_params": {"do_remote_decode": True},
+    }
+
+
+def read_stream(
+    env: simpy.Environment, transport: SimTransport, body: dict[str, Any], out: dict[str, Any]
+) -> None:
+    async def reader() -> None:
+        opened = await transport.open_stream(URL, "/v1/completions", body, {}, env.now + 99)
+        assert isinstance(opened, StreamOpened) and opened.status == 200
+        parser, tokens, times = SseParser(), 0, []
+        while True:
+            chunk = await transport.next_chunk(opened.handle, env.now + 99)
+            assert isinstance(chunk, Chunk), chunk
+            for event in parser.feed(chunk.data):
+                if event.kind is EventKind.TOKEN:
+                    tokens += len(event.payload["choices"][0]["text"])  # type: ignore[index]
+                    times.append(env.now)
+                elif event.kind is EventKind.DONE:
+                    out.update(tokens=tokens, times=times, end=env.now)
+                    return
+
+    start(env, reader())
+
+
+def test_prefill_reply_is_vllm_shaped_with_a_valid_descriptor() -> None:
+    env, engine, transport = make()
+    replies: list[Any] = []
+
+    async def call() -> None:
+        replies.append(
+            await transport.call(
+                URL, "POST", "/v1/completions", prefill_body(299), {"X-Request-Id": "abc"}, 10.0
+            )
+        )
+
+    start(env, call())
+    env.run(until=1.0)
+    reply = replies[0]
+    assert isinstance(reply, Reply) and reply.status == 200
+    payload = json.loads(reply.body)
+    assert payload["id"] == "cmpl-abc" and payload["usage"]["prompt_tokens"] == 300
+    params = validate_descriptor(payload["kv_transfer_params"], "NixlConnector", "10.0.0.1:5600")
+    assert params["remote_engine_id"] == engine.engine_id
+    assert len(params["remote_block_ids"][0]) == 19  # ceil(301 / 16)
+    assert len(engine.handoffs) == 1  # held until pulled, released or expired
+
+
+def test_chunked_prefill_respects_the_token_budget_fcfs() -> None:
+    env, engine, transport = make(max_num_batched_tokens=512)
+    done: list[tuple[int, float]] = []
+
+    def submit(i: int) -> None:
+        async def call() -> None:
+            await transport.call(URL, "POST", "/v1/completions", prefill_body(299), {}, 10.0)
+            done.append((i, env.now))
+
+        start(env, call())
+
+    for i in range(3):
+        submit(i)
+    env.run(until=2.0)
+    assert [i for i, _ in done] == [0, 1, 2]
+    assert engine.steps == 2  # 900 prompt tokens in chunks of at most 512: two iterations
+
+
+def test_sequence_cap_and_decodes_first() -> None:
+    env, engine, transport = make(max_num_seqs=2)
+    outs: list[dict[str, Any]] = [{}, {}, {}]
+    for out in outs:
+        read_stream(env, transport, {"prompt": "x" * 99, "max_tokens": 30, "stream": True}, out)
+    env.run(until=5.0)
+    assert [o["tokens"] for o in outs] == [30, 30, 30]
+    # the third waits for a free slot: its first token comes after the first two finished
+    assert outs[2]["times"][0] > max(outs[0]["end"], outs[1]["end"]) - 1e-9
+    # one token per step per running decode: 30 steps each, the third after the first two
+    assert engine.steps == 60
+    assert engine.tokens_out == 90
+
+
+def test_preemption_when_kv_blocks_run_out_and_streams_still_complete() -> None:
+    env, engine, transport = make(num_blocks=24, block_size=16)
+    outs: list[dict[str, Any]] = [{}, {}]
+    for out in outs:
+        read_stream(env, transport, {"prompt": "x" * 99, "max_tokens": 150, "stream": True}, out)
+    env.run(until=10.0)
+    assert engine.preemptions >= 1
+    assert [o["tokens"] for o in outs] == [150, 150]
+    assert engine.free_blocks == 24  # everything returned
+
+
+def test_one_event_per_engine_step() -> None:
+    env, engine, transport = make()
+    outs = [{} for _ in range(20)]  # type: ignore[var-annotated]
+    for out in outs:
+        read_stream(env, transport, {"prompt": "x" * 49, "max_tokens": 100, "stream": True}, out)
+    events = 0
+    while env.peek() != float("inf") and env.now < 10.0:
+        env.step()
+        events += 1
+    assert all(o["tokens"] == 100 for o in outs)
+    assert engine.tokens_out == 2000
+    # 2000 tokens streamed through the router-side reader, yet events ~ steps (+ idle wakes)
+    assert events <= engine.steps + 45
+
+
+def test_stream_interval_coalesces_tokens() -> None:
+    env, _engine, transport = make(stream_interval=8)
+    out: dict[str, Any] = {}
+    read_stream(env, transport, {"prompt": "x" * 49, "max_tokens": 40, "stream": True}, out)
+    env.run(until=5.0)
+    assert out["tokens"] == 40
+    assert len(out["times"]) == 6  # first token at once, then every 8 tokens, then the end

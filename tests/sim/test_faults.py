@@ -1,0 +1,136 @@
+"""Faults are engine behaviours; the core's lifecycle, breaker and probes react to them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from narwhal.core.errors import DONE_BEFORE_TOKEN_TEXT
+from narwhal.sim.runner import RunResult, run
+from tests.sim.conftest import scenario
+
+
+def _decisions(result: RunResult, kind: str, engine: str | None = None) -> list[dict[str, Any]]:
+    return [
+        d
+        for d in result.decisions
+        if d["kind"] == kind and (engine is None or d["engine"] == engine)
+    ]
+
+
+def test_hung_decode_engine_is_ejected_then_readmitted_by_a_probe() -> None:
+    hung = "http://sim-d0"
+    result = run(
+        scenario(
+            faults=[{"kind": "hang", "engine": hung, "at_s": 2.0, "duration_s": 6.0}],
+            workload={"duration_s": 16.0},
+        )
+    )
+    ejects = _decisions(result, "eject", hung)
+    assert len(ejects) == 1
+    assert ejects[0]["reason"] == "breaker" and ejects[0]["streak"] == 3  # eject_after = 3
+    failed = [r for r in result.records if r.status != 200]
+    assert {r.status for r in failed} == {504}  # health stays 200: only timeouts tell
+    assert {r.outcome for r in failed} <= {"first_token_timeout", "silence"}
+    assert all(hung in r.engines for r in failed)
+    readmits = _decisions(result, "readmit", hung)
+    assert len(readmits) == 1 and readmits[0]["via"] == "probe"
+    assert readmits[0]["t"] >= 8.0  # not before the engine recovered
+    eject_t, readmit_t = ejects[0]["t"], readmits[0]["t"]
+    placed = [
+        d
+        for d in _decisions(result, "place", hung)
+        if d["phase"] == "decode" and eject_t < d["t"] < readmit_t
+    ]
+    assert placed == []  # no client traffic while ejected
+    probes = _decisions(result, "probe_result", hung)
+    assert [p["outcome"] for p in probes][-1] == "passed"
+    assert any(p["outcome"] == "failed" for p in probes)  # probes during the hang fail
+
+
+def test_crashed_producer_is_retried_around_ejected_and_readmitted() -> None:
+    crashed = "http://sim-p0"
+    result = run(
+        scenario(
+            faults=[{"kind": "crash", "engine": crashed, "at_s": 2.5, "duration_s": 4.0}],
+            recovery={"max_attempts": 2, "retry_budget_min": 10},
+            workload={"duration_s": 12.0},
+        )
+    )
+    assert _decisions(result, "retry")
+    assert all(r.status == 200 for r in result.records)  # every refusal was retried elsewhere
+    assert _decisions(result, "eject", crashed)
+    readmits = _decisions(result, "readmit", crashed)
+    assert readmits and readmits[0]["t"] >= 6.5
+
+
+FAULT_CASES = [
+    # kind, engine, extra, expected status, outcome
+    ("inband_error", "http://sim-d0", {}, 500, "inband_error"),
+    ("early_done", "http://sim-d0", {}, 502, "done_before_token"),
+    ("http_5xx", "http://sim-d0", {}, 502, "engine_5xx"),
+    ("refused", "http://sim-d0", {}, 502, "refused"),
+    ("kv_transfer_fail", "http://sim-d0", {}, 500, "inband_error"),
+    ("release_handoff", "http://sim-p0", {}, 500, "inband_error"),
+    ("bad_descriptor", "http://sim-p0", {}, 502, "bad_descriptor"),
+    ("disconnect", "http://sim-d0", {"after_tokens": 5}, 502, "closed_before_done"),
+    ("stall", "http://sim-d0", {"after_tokens": 5}, 504, "silence"),
+]
+
+
+@pytest.mark.parametrize(("kind", "engine", "extra", "status", "outcome"), FAULT_CASES)
+def test_request_faults_reach_the_client_as_the_contract_says(
+    kind: str, engine: str, extra: dict[str, Any], status: int, outcome: str
+) -> None:
+    fault = {"kind": kind, "engine": engine, "at_s": 0.0, "duration_s": 1000.0, **extra}
+    result = run(
+        scenario(
+            fleet={"prefill": 1, "decode": 1},
+            recovery={"eject_after": 1000},
+            workload={"rate": 5.0, "duration_s": 2.0},
+            faults=[fault],
+            sim={"health_checks": False},  # a refusing engine also fails /health (then: 503)
+        )
+    )
+    assert result.records
+    assert {(r.status, r.outcome) for r in result.records} == {(status, outcome)}
+    committed = {r.committed for r in result.records}
+    assert committed == ({True} if "after_tokens" in extra else {False})
+    if kind == "early_done":
+        assert {r.error for r in result.records} == {DONE_BEFORE_TOKEN_TEXT}
+
+
+def test_slow_engine_serves_everything_but_later() -> None:
+    def tpot(factor: float) -> float:
+        faults = [
+            {
+                "kind": "slow",
+                "engine": "http://sim-d0",
+                "at_s": 0.0,
+                "duration_s": 99.0,
+                "factor": factor,
+            }
+        ]
+        result = run(
+            scenario(
+                fleet={"prefill": 1, "decode": 1},
+                workload={"rate": 5.0, "duration_s": 3.0},
+                faults=faults,
+            )
+        )
+        assert all(r.status == 200 for r in result.records)
+        return sum(r.finished_s - (r.first_byte_s or 0.0) for r in result.records)
+
+    assert tpot(3.0) > 2.5 * tpot(1.0)
+
+
+def test_rate_faults_are_seeded() -> None:
+    spec = {
+        "faults": [{"kind": "crash", "role": "any", "rate_per_hour": 720.0, "duration_s": 1.0}],
+        "workload": {"duration_s": 5.0},
+    }
+    a, b = run(scenario(**spec)), run(scenario(**spec))
+    assert a.fault_windows and a.fault_windows == b.fault_windows
+    c = run(scenario(**spec), seed=99)
+    assert c.fault_windows != a.fault_windows
