@@ -42,9 +42,10 @@ what the producer wrote, and the caller may mutate its copy freely.
 
 from __future__ import annotations
 
-import copy
 import enum
 from typing import Any, TypeGuard
+
+from narwhal.core.jsoncopy import json_copy
 
 __all__ = [
     "KNOWN_CONNECTORS",
@@ -387,4 +388,4 @@ def validate_descriptor(
     _check_block_ids(params, connector)
     if pinned_side_channel is not None:
         _check_side_channel(params, connector, pinned_side_channel)
-    return copy.deepcopy(params)
+    return json_copy(params)

@@ -107,8 +107,13 @@ async def _decode_leg(
         if opened.status != 200:
             return False
         events = stream_events(
-            ports.transport, ports.clock, opened.handle, consumer, first_token_at=deadline,
-            first_token_timeout_s=timeout, decode_read_timeout_s=timeout,
+            ports.transport,
+            ports.clock,
+            opened.handle,
+            consumer,
+            first_token_at=deadline,
+            first_token_timeout_s=timeout,
+            decode_read_timeout_s=timeout,
             request_deadline=deadline,
         )
         async for _, event in events:

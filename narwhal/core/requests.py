@@ -14,9 +14,10 @@ non-streaming clients; a non-streaming client gets the stream assembled into one
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
+
+from narwhal.core.jsoncopy import json_copy
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -74,18 +75,18 @@ def parse_client_request(
     _positive_int(body, "max_tokens")
     _positive_int(body, "max_completion_tokens")
     _positive_int(body, "n")
-    clean = {k: copy.deepcopy(v) for k, v in body.items() if k != "kv_transfer_params"}
+    clean = {k: json_copy(v) for k, v in body.items() if k != "kv_transfer_params"}
     return ClientRequest(request_id=request_id, endpoint=endpoint, body=clean, arrival=arrival)
 
 
 def prefill_body(request: ClientRequest, kv_params: dict[str, Any]) -> dict[str, Any]:
     """The producer leg: one token, not streamed; the token is discarded."""
-    body = {k: copy.deepcopy(v) for k, v in request.body.items() if k not in _PREFILL_DROPPED}
+    body = {k: json_copy(v) for k, v in request.body.items() if k not in _PREFILL_DROPPED}
     body["stream"] = False
     body["max_tokens"] = 1
     if "max_completion_tokens" in request.body:
         body["max_completion_tokens"] = 1
-    body["kv_transfer_params"] = copy.deepcopy(kv_params)
+    body["kv_transfer_params"] = json_copy(kv_params)
     return body
 
 
@@ -94,10 +95,10 @@ def decode_body(request: ClientRequest, descriptor: dict[str, Any] | None) -> di
 
     ``descriptor=None`` is same-worker decode: no transfer parameters at all.
     """
-    body = copy.deepcopy(request.body)
+    body = json_copy(request.body)
     body["stream"] = True
     if not request.stream:
         body["stream_options"] = {"include_usage": True}
     if descriptor is not None:
-        body["kv_transfer_params"] = copy.deepcopy(descriptor)
+        body["kv_transfer_params"] = json_copy(descriptor)
     return body

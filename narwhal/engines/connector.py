@@ -11,12 +11,12 @@ age is counted from then).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from narwhal.core.descriptor import KNOWN_CONNECTORS, DescriptorError, DescriptorReason
+from narwhal.core.jsoncopy import json_copy
 
 
 class HandoffMismatch(ValueError):
@@ -47,12 +47,12 @@ class PrefillResult:
     ) -> PrefillResult:
         if connector not in KNOWN_CONNECTORS:
             raise DescriptorError(DescriptorReason.UNKNOWN_CONNECTOR, f"connector {connector!r}")
-        frozen = MappingProxyType(copy.deepcopy(descriptor))
+        frozen = MappingProxyType(json_copy(descriptor))
         return cls(producer_url, endpoint, backend_request_id, connector, started_at, frozen)
 
     def parameters(self) -> dict[str, Any]:
         """The KV descriptor as a detached dictionary (a deep copy)."""
-        return copy.deepcopy(dict(self._descriptor))
+        return json_copy(dict(self._descriptor))
 
     def check_decodable(self, endpoint: str, connector: str) -> None:
         """Raise :class:`HandoffMismatch` unless a decode on ``endpoint``/``connector`` fits."""
