@@ -14,7 +14,8 @@ into ``StreamOpened.body`` and closed at once.
 Closing must be synchronous (the core calls :meth:`close_stream` and :meth:`release_handoff`
 from ``finally`` blocks, possibly inside a cancelled scope), so both only *schedule* work in the
 transport's own task group, whose tasks are not affected by the caller's cancellation. Closing a
-response that was not read to the end drops its connection, which is how the engine learns that
+response that was not read to the end (after a short bounded drain, which lets a finished
+response keep its connection) drops its connection, which is how the engine learns that
 the request was abandoned (vLLM aborts it). The transport is an async context manager: leaving
 it waits (bounded) for the scheduled closes and closes the client. Used without ``async with``
 (e.g. by ``EngineClient.http``), the client is created on first use and the scheduled work runs
@@ -52,6 +53,8 @@ from narwhal.core.ports import (
 
 RELEASE_PATH = "/kv/release"
 BACKGROUND_TIMEOUT_S = 2.0
+DRAIN_S = 0.1
+DRAIN_MAX_BYTES = 64 * 1024
 
 
 class HttpStream:
@@ -65,6 +68,25 @@ class HttpStream:
     @property
     def status(self) -> int:
         return self.response.status_code
+
+
+async def _drain(stream: HttpStream) -> None:
+    """Read what little is left of a stream, so a finished response frees its connection.
+
+    After ``[DONE]`` only the end of the chunked body is left: reading it lets httpx put the
+    connection back in the keep-alive pool instead of dropping it (a new connection per request
+    costs more CPU than the request). A stream that is not about to end (an abandoned or hung
+    one) is cut after ``DRAIN_S`` or ``DRAIN_MAX_BYTES``, which aborts the engine request.
+    """
+    drained = 0
+    with anyio.move_on_after(DRAIN_S):
+        try:
+            async for data in stream.chunks:
+                drained += len(data)
+                if drained > DRAIN_MAX_BYTES:
+                    return
+        except Exception:  # a reset, or a body already read: nothing left to reuse
+            return
 
 
 def _failure(error: httpx.HTTPError) -> ConnectFailed | TimedOut:
@@ -210,6 +232,7 @@ class HttpxTransport:
         self._open.discard(stream)
 
         async def close() -> None:
+            await _drain(stream)
             aclose = getattr(stream.chunks, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
