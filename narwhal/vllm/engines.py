@@ -1,0 +1,550 @@
+"""Start, stop, freeze and kill real vLLM engines (the CPU build) for tests and local fleets.
+
+Rule: every engine is its own process group, and every operation acts on the whole group. A vLLM
+engine is three processes (API server, EngineCore, worker); killing only the API server leaves
+the other two running for 20 s or more, holding memory, cores and the NIXL side channel
+(FACTS.md section 3). So :class:`EngineProcess` starts ``vllm serve`` with
+``start_new_session=True`` and signals the group: ``stop`` (SIGTERM, then SIGKILL after a
+grace period), ``kill`` (SIGKILL: a crash), ``freeze``/``thaw`` (SIGSTOP/SIGCONT: a hung engine).
+Only 127.0.0.1 is ever bound.
+
+Theory of operation. :class:`EngineSpec` says what one engine is (role, HTTP port, NIXL side
+channel port, the core it is pinned to); :func:`engine_command` and :func:`engine_env` turn it
+into the exact ``vllm serve`` command line and environment of the verified CPU recipe
+(``--enforce-eager --dtype float32 --max-model-len 2048``, ``VLLM_CPU_KVCACHE_SPACE=1``,
+``UCX_TLS=tcp UCX_NET_DEVICES=lo``, ``VLLM_CPU_OMP_THREADS_BIND``, a distinct
+``VLLM_NIXL_SIDE_CHANNEL_PORT``, NIXL's progress thread slowed to 1000 us). Output goes to a log
+file per engine; :meth:`EngineProcess.wait_healthy` polls ``GET /health`` and fails early, with
+the log's tail, if the engine exits. :func:`start_pair` starts a NixlConnector producer and
+consumer at once (they start in parallel: 50-70 s on 2 cores) and :func:`start_single` one
+plain engine (no KV connector) for reference runs. :func:`handoff` runs one disaggregated
+completion without a router. Restarting an engine on the same ports works: its peer
+re-handshakes with the new engine id by itself, though on a loaded machine that first NIXL
+handshake can miss vLLM's 5 s reply timeout (the decode then fails with an in-band error), so
+:func:`wait_pair_ready` runs direct handoffs until one works.
+
+Uses only the standard library (the project venv runs it; the engines run in the vLLM venv).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from narwhal.vllm.env import DEFAULT_VENV, PTHR_DEFAULT_US, PTHR_ENV
+
+MODEL_NAME = "tiny-llama"
+VLLM_VERSION = "0.32.0"  # what /version reports for vllm-cpu 0.32.0
+HOST = "127.0.0.1"
+HEALTH_TIMEOUT_S = 180.0
+STOP_GRACE_S = 10.0
+KvRole = Literal["kv_producer", "kv_consumer"]
+
+
+class EngineError(RuntimeError):
+    """An engine failed to start, died, or could not be reached."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What one engine is. ``kv_role`` None: a plain engine with no KV connector."""
+
+    name: str
+    model_dir: Path
+    port: int
+    kv_role: KvRole | None = None
+    side_channel_port: int | None = None
+    cpu: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0", "1", "0-1"
+    kv_load_failure_policy: Literal["fail", "recompute"] | None = None
+    served_model_name: str = MODEL_NAME
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def side_channel(self) -> str | None:
+        """``host:port`` of the NIXL side channel (what a producer's descriptor names)."""
+        return None if self.side_channel_port is None else f"{HOST}:{self.side_channel_port}"
+
+
+def kv_transfer_config(spec: EngineSpec) -> dict[str, str] | None:
+    if spec.kv_role is None:
+        return None
+    config = {"kv_connector": "NixlConnector", "kv_role": spec.kv_role, "kv_buffer_device": "cpu"}
+    if spec.kv_load_failure_policy is not None:
+        config["kv_load_failure_policy"] = spec.kv_load_failure_policy
+    return config
+
+
+def engine_command(spec: EngineSpec, venv: Path = DEFAULT_VENV) -> list[str]:
+    """The ``vllm serve`` command line of ``spec``."""
+    cmd = [
+        str(venv / "bin" / "vllm"), "serve", str(spec.model_dir),
+        "--host", HOST, "--port", str(spec.port),
+        "--served-model-name", spec.served_model_name,
+        "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
+    ]  # fmt: skip
+    kv = kv_transfer_config(spec)
+    if kv is not None:
+        cmd += ["--kv-transfer-config", json.dumps(kv)]
+    return cmd + list(spec.extra_args)
+
+
+def engine_env(spec: EngineSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of ``spec``'s engine: the CPU recipe, offline, loopback only."""
+    env = dict(os.environ if base is None else base)
+    for leaked in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
+        env.pop(leaked, None)
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_HOST_IP=HOST,
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env[PTHR_ENV] = env.get(PTHR_ENV, str(PTHR_DEFAULT_US))
+    if spec.cpu is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu
+    if spec.kv_role is not None:
+        assert spec.side_channel_port is not None, "a KV engine needs a side channel port"
+        env.update(
+            UCX_TLS="tcp",
+            UCX_NET_DEVICES="lo",
+            VLLM_NIXL_SIDE_CHANNEL_HOST=HOST,
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(spec.side_channel_port),
+        )
+    return env
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes in process group ``pgid``, read from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after its ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """``GET url`` -> (status, body); raises :class:`EngineError` when unreachable."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as error:
+        raise EngineError(f"GET {url}: {error}") from error
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` (Prometheus text) whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not (line.startswith(name + "{") or line.startswith(name + " ")):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{key}="{wanted}"' in head for key, wanted in labels.items()):
+            total += float(value)
+    return total
+
+
+@dataclass
+class EngineProcess:
+    """One running (or stopped) engine: its process group, log file and controls."""
+
+    spec: EngineSpec
+    log_path: Path
+    venv: Path = DEFAULT_VENV
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    started_at: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def side_channel(self) -> str | None:
+        return self.spec.side_channel
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> EngineProcess:
+        """Launch ``vllm serve`` in a new process group (returns at once; see wait_healthy)."""
+        if self.alive():
+            raise EngineError(f"{self.spec.name} is already running")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== start {time.strftime('%H:%M:%S')}: ".encode())
+            log.write((" ".join(engine_command(self.spec, self.venv)) + "\n").encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                engine_command(self.spec, self.venv),
+                env=engine_env(self.spec),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started_at = time.monotonic()
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self) -> bool:
+        try:
+            return http_get(self.url + "/health", timeout=2.0)[0] == 200
+        except EngineError:
+            return False
+
+    def wait_healthy(self, timeout: float = HEALTH_TIMEOUT_S) -> float:
+        """Block until ``GET /health`` answers 200; seconds since start. Fails fast if it dies."""
+        end = time.monotonic() + timeout
+        while not self.healthy():
+            if not self.alive():
+                raise EngineError(f"{self.spec.name} exited during start\n{self.log_tail()}")
+            if time.monotonic() > end:
+                raise EngineError(
+                    f"{self.spec.name} not healthy after {timeout:.0f} s\n{self.log_tail()}"
+                )
+            time.sleep(0.5)
+        return time.monotonic() - self.started_at
+
+    def group_pids(self) -> list[int]:
+        """Live (not zombie) processes of the engine's group."""
+        return [] if self.proc is None else group_members(self.proc.pid)
+
+    def group_alive(self) -> bool:
+        """Whether any process of the engine's group still runs."""
+        return bool(self.group_pids())
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM the whole group (thawing it first), then SIGKILL what is left after grace."""
+        if self.proc is None:
+            return
+        self.signal_group(signal.SIGTERM)
+        self.signal_group(signal.SIGCONT)
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end:
+            self.proc.poll()
+            if not self.group_alive():
+                break
+            time.sleep(0.1)
+        else:
+            self.signal_group(signal.SIGKILL)
+        self._reap()
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once: the engine crashes."""
+        self.signal_group(signal.SIGKILL)
+        self._reap()
+
+    def _reap(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.signal_group(signal.SIGKILL)
+            self.proc.wait(timeout=timeout)
+        end = time.monotonic() + timeout
+        while self.group_alive() and time.monotonic() < end:
+            time.sleep(0.05)
+
+    def freeze(self) -> None:
+        """SIGSTOP the whole group: it accepts TCP connections (the kernel does) but answers
+        nothing, like a hung engine."""
+        self.signal_group(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self.signal_group(signal.SIGCONT)
+
+    def restart(self, timeout: float = HEALTH_TIMEOUT_S) -> float:
+        """Stop, start again on the same ports, wait until healthy; seconds it took."""
+        self.stop()
+        return self.start().wait_healthy(timeout)
+
+    # ------------------------------------------------------------ observation
+
+    def metrics(self) -> str:
+        status, body = http_get(self.url + "/metrics")
+        if status != 200:
+            raise EngineError(f"GET {self.url}/metrics: HTTP {status}")
+        return body
+
+    def metric(self, name: str, **labels: str) -> float:
+        return metric_sum(self.metrics(), name, **labels)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def start_engines(
+    specs: Iterable[EngineSpec],
+    log_dir: Path,
+    venv: Path = DEFAULT_VENV,
+    timeout: float = HEALTH_TIMEOUT_S,
+) -> list[EngineProcess]:
+    """Start every engine at once and wait until all are healthy (stop them all on failure)."""
+    engines = [EngineProcess(spec, log_dir / f"{spec.name}.log", venv) for spec in specs]
+    try:
+        for engine in engines:
+            engine.start()
+        for engine in engines:
+            engine.wait_healthy(timeout)
+    except BaseException:
+        stop_all(engines)
+        raise
+    return engines
+
+
+PREFILL_KV_PARAMS = {
+    "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+    "remote_block_ids": None, "remote_host": None, "remote_port": None,
+}  # fmt: skip
+
+
+def http_post_json(url: str, body: Mapping[str, object], timeout: float = 60.0) -> object:
+    """``POST url`` with a JSON body -> the parsed JSON reply; raises :class:`EngineError`."""
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        detail = error.read().decode(errors="replace")[:300]
+        raise EngineError(f"POST {url}: HTTP {error.code} {detail}") from error
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        raise EngineError(f"POST {url}: {error}") from error
+
+
+def handoff(
+    producer: EngineProcess, consumer: EngineProcess, prompt: str, max_tokens: int = 4
+) -> str:
+    """One disaggregated completion without a router: a one-token prefill on the producer,
+    then a greedy decode on the consumer with the producer's KV descriptor; the text."""
+    body: dict[str, object] = {"model": producer.spec.served_model_name, "prompt": prompt}
+    prefill = http_post_json(
+        producer.url + "/v1/completions",
+        {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": PREFILL_KV_PARAMS},
+    )
+    params = prefill.get("kv_transfer_params") if isinstance(prefill, dict) else None
+    if not isinstance(params, dict):
+        raise EngineError(f"{producer.spec.name} returned no kv_transfer_params: {prefill}")
+    decode = http_post_json(
+        consumer.url + "/v1/completions",
+        {**body, "max_tokens": max_tokens, "temperature": 0, "kv_transfer_params": params},
+    )
+    try:
+        return str(decode["choices"][0]["text"])  # type: ignore[index]
+    except (KeyError, IndexError, TypeError) as error:
+        raise EngineError(f"{consumer.spec.name} decode failed: {decode}") from error
+
+
+def wait_pair_ready(
+    producer: EngineProcess, consumer: EngineProcess, attempts: int = 3
+) -> list[str]:
+    """Run handoffs until one works (a restarted peer must complete a NIXL handshake, whose
+    5 s reply timeout a loaded machine can miss once); the errors seen before it worked."""
+    errors: list[str] = []
+    for attempt in range(attempts):
+        try:
+            handoff(producer, consumer, f"pair ready? {time.time()} {attempt}")
+            return errors
+        except EngineError as error:
+            errors.append(str(error))
+    raise EngineError(f"no KV handoff worked in {attempts} attempts: {errors}")
+
+
+def stop_all(engines: Sequence[EngineProcess]) -> None:
+    """Stop engines in parallel: SIGTERM every group, then wait for each."""
+    for engine in engines:
+        engine.signal_group(signal.SIGTERM)
+        engine.signal_group(signal.SIGCONT)
+    for engine in engines:
+        engine.stop()
+
+
+def pair_specs(
+    model_dir: Path,
+    kv_load_failure_policy: Literal["fail", "recompute"] = "fail",
+    ports: tuple[int, int, int, int] | None = None,
+) -> tuple[EngineSpec, EngineSpec]:
+    """A NixlConnector producer (core 0) and consumer (core 1). ``ports`` = (producer HTTP,
+    producer side channel, consumer HTTP, consumer side channel); None: free loopback ports."""
+    p_http, p_side, c_http, c_side = ports or (free_port(), free_port(), free_port(), free_port())
+    producer = EngineSpec("producer", model_dir, p_http, "kv_producer", p_side, cpu="0")
+    consumer = EngineSpec(
+        "consumer", model_dir, c_http, "kv_consumer", c_side, cpu="1",
+        kv_load_failure_policy=kv_load_failure_policy,
+    )  # fmt: skip
+    return producer, consumer
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def narwhal_config(
+    producer: EngineSpec,
+    consumer: EngineSpec,
+    *,
+    engine: Mapping[str, object] | None = None,
+    recovery: Mapping[str, object] | None = None,
+    contract: Mapping[str, object] | None = None,
+    kv_endpoint: str | None = None,
+) -> str:
+    """A Narwhal TOML config for a pair: the producer's side channel pinned (``kv_endpoint``
+    overrides it), and an engine contract (``contract`` None: the pair's true one)."""
+    sections: dict[str, Mapping[str, object]] = {
+        "engine": engine or {},
+        "recovery": recovery or {},
+        "engine_contract": contract
+        or {"model": producer.served_model_name, "vllm_version": VLLM_VERSION,
+            "kv_connector": "NixlConnector"},
+    }  # fmt: skip
+    lines: list[str] = []
+    for name, values in sections.items():
+        if values:
+            lines.append(f"[{name}]")
+            lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+            lines.append("")
+    side = kv_endpoint if kv_endpoint is not None else producer.side_channel
+    lines += ["[[engines]]", f"url = {_toml_value(producer.url)}", 'role = "prefill"']
+    if side:
+        lines.append(f"kv_endpoint = {_toml_value(side)}")
+    lines += ["", "[[engines]]", f"url = {_toml_value(consumer.url)}", 'role = "decode"', ""]
+    return "\n".join(lines)
+
+
+def start_pair(
+    model_dir: Path, log_dir: Path, venv: Path = DEFAULT_VENV, timeout: float = HEALTH_TIMEOUT_S
+) -> tuple[EngineProcess, EngineProcess]:
+    """Start a producer and a consumer (in parallel) and wait until both are healthy."""
+    producer, consumer = start_engines(pair_specs(model_dir), log_dir, venv, timeout)
+    return producer, consumer
+
+
+def start_single(
+    model_dir: Path,
+    log_dir: Path,
+    venv: Path = DEFAULT_VENV,
+    cpu: str | None = None,
+    timeout: float = HEALTH_TIMEOUT_S,
+) -> EngineProcess:
+    """One plain engine (no KV connector), e.g. for a reference greedy run."""
+    spec = EngineSpec("single", model_dir, free_port(), cpu=cpu)
+    return start_engines([spec], log_dir, venv, timeout)[0]
+
+
+def build_tiny_model(out: Path, seed: int = 0, venv: Path = DEFAULT_VENV) -> Path:
+    """Run :mod:`narwhal.vllm.tiny_model` with the vLLM venv's Python (it needs torch)."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.pop("VIRTUAL_ENV", None)
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "narwhal.vllm.tiny_model", str(out),
+         "--seed", str(seed)],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise EngineError(f"building the tiny model failed:\n{done.stdout}\n{done.stderr}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a NixlConnector pair (or one plain engine) of the tiny model until interrupted."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m narwhal.vllm.engines", description=main.__doc__
+    )
+    parser.add_argument("model_dir", type=Path, help="tiny model folder (built if missing)")
+    parser.add_argument("log_dir", type=Path, help="where each engine's log goes")
+    parser.add_argument("--single", action="store_true", help="one plain engine instead")
+    parser.add_argument(
+        "--ports", default="8100,5559,8200,5560",
+        help="producer HTTP, producer side channel, consumer HTTP, consumer side channel "
+        "(default 8100,5559,8200,5560; 'free' picks free ones)",
+    )  # fmt: skip
+    parser.add_argument("--config", type=Path, help="also write a Narwhal config for the pair")
+    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
+    args = parser.parse_args(argv)
+    build_tiny_model(args.model_dir, venv=args.venv)
+    started = time.monotonic()
+    if args.single:
+        engines = [start_single(args.model_dir, args.log_dir, args.venv)]
+    else:
+        ports: tuple[int, int, int, int] | None = None
+        if args.ports != "free":
+            numbers = [int(p) for p in args.ports.split(",")]
+            if len(numbers) != 4:
+                parser.error("--ports takes four numbers")
+            ports = (numbers[0], numbers[1], numbers[2], numbers[3])
+        specs = pair_specs(args.model_dir, ports=ports)
+        engines = start_engines(specs, args.log_dir, args.venv)
+        if args.config:
+            args.config.write_text(narwhal_config(*specs))
+            print(f"Narwhal config: {args.config}", flush=True)
+    print(f"healthy after {time.monotonic() - started:.1f} s:", flush=True)
+    for engine in engines:
+        print(f"  {engine.spec.name}: {engine.url} side channel {engine.side_channel} "
+              f"log {engine.log_path}", flush=True)  # fmt: skip
+    try:
+        while all(engine.alive() for engine in engines):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_all(engines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
