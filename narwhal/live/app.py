@@ -92,10 +92,11 @@ class Router:
         self._stopping = False
         self._ports: Ports | None = None
         self._next_request = 0
-        self.app = Starlette(
+        inference = {COMPLETIONS: _Inference(self, COMPLETIONS), CHAT: _Inference(self, CHAT)}
+        self.starlette = Starlette(
             routes=[
-                Route(COMPLETIONS, _Inference(self, COMPLETIONS), methods=["POST"]),
-                Route(CHAT, _Inference(self, CHAT), methods=["POST"]),
+                Route(COMPLETIONS, inference[COMPLETIONS], methods=["POST"]),
+                Route(CHAT, inference[CHAT], methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
                 Route("/metrics", self._metrics, methods=["GET"]),
@@ -103,6 +104,7 @@ class Router:
             ],
             lifespan=self._lifespan,
         )
+        self.app = _FastPath(self.starlette, inference)
 
     # ------------------------------------------------------------------ lifespan and ports
 
@@ -258,6 +260,28 @@ class Router:
 
     async def _status(self, request: Request) -> Response:
         return JSONResponse(status_document(self.policies, self.clock))
+
+
+class _FastPath:
+    """The ASGI app: a POST to an inference route goes straight to its endpoint, everything
+    else (other routes and methods, lifespan) through Starlette.
+
+    The endpoint is the one Starlette routes to; skipping Starlette's routing and its two
+    exception middlewares (each wraps ``send`` once more) saves work on every streamed chunk.
+    An exception still reaches uvicorn, which answers 500 if the response had not started.
+    """
+
+    def __init__(self, starlette: Starlette, inference: dict[str, _Inference]) -> None:
+        self.starlette = starlette
+        self.inference = inference
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            endpoint = self.inference.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await self.starlette(scope, receive, send)
 
 
 class _Inference:

@@ -80,7 +80,7 @@ def _load(path: str) -> Any:
 
 def serve_command(args: argparse.Namespace) -> int:
     from narwhal.live.app import Router
-    from narwhal.live.serving import bind, make_server, port_of, serve_blocking
+    from narwhal.live.serving import bind, make_router_server, port_of, serve_blocking
 
     config = _load(args.config)
     if config is None:
@@ -105,7 +105,7 @@ def serve_command(args: argparse.Namespace) -> int:
     router = Router(
         config, seed=args.seed, api_key=api_key, announce=lambda line: print(line, flush=True)
     )
-    serve_blocking(make_server(router.app, log_level=args.log_level), [sock])
+    serve_blocking(make_router_server(router.app, log_level=args.log_level), [sock])
     return 0
 
 

@@ -50,19 +50,32 @@ def make_server(
     lifespan: Literal["auto", "on", "off"] = "on",
     log_level: str = "warning",
     graceful_s: float = 1.0,
+    http: Literal["h11", "httptools"] = "h11",
+    loop: Literal["asyncio", "uvloop"] = "asyncio",
 ) -> uvicorn.Server:
-    """A uvicorn server (HTTP/1.1 via h11); requests still running ``graceful_s`` after a
-    shutdown began are cancelled."""
+    """A uvicorn server (HTTP/1.1 via h11 on asyncio's loop unless told otherwise); requests
+    still running ``graceful_s`` after a shutdown began are cancelled."""
     config = uvicorn.Config(
         app,
         lifespan=lifespan,
         log_level=log_level,
-        http="h11",
+        http=http,
+        loop=loop,
         access_log=False,
         timeout_keep_alive=5,
     )
     config.timeout_graceful_shutdown = graceful_s  # type: ignore[assignment]
     return uvicorn.Server(config)
+
+
+def make_router_server(
+    app: Any, *, log_level: str = "warning", graceful_s: float = 1.0
+) -> uvicorn.Server:
+    """The router's server: httptools' HTTP parser on uvloop (the emulator keeps h11, whose
+    connection internals its ``reset`` fault uses, on asyncio's loop)."""
+    return make_server(
+        app, log_level=log_level, graceful_s=graceful_s, http="httptools", loop="uvloop"
+    )
 
 
 def serve_blocking(server: uvicorn.Server, sockets: list[socket.socket]) -> None:
@@ -126,7 +139,9 @@ class BackgroundServer:
 
     def _run(self) -> None:
         try:
-            asyncio.run(self.server.serve(sockets=self.sockets))
+            factory = self.server.config.get_loop_factory()  # the loop the config names
+            with asyncio.Runner(loop_factory=factory) as runner:
+                runner.run(self.server.serve(sockets=self.sockets))
         except BaseException as error:
             self._error = error
 

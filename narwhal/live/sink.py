@@ -81,7 +81,14 @@ class AsgiSink:
         )
 
     async def send(self, data: bytes) -> None:
-        await self._emit({"type": "http.response.body", "body": data, "more_body": True})
+        # _emit inlined: this runs once per streamed chunk
+        if self.gone:
+            raise ClientGone()
+        try:
+            await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        except OSError as error:
+            self.gone = True
+            raise ClientGone() from error
 
     async def finish(self) -> None:
         """End a committed body (no-op when the response is already complete or never began)."""

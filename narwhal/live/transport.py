@@ -4,9 +4,19 @@ Rule kept here: every method returns a result value (``Reply``, ``StreamOpened``
 ``StreamEnd``, ``ConnectFailed``, ``TimedOut``) and never raises for an engine fault; it makes no
 decision about what a result means (that is the core's job).
 
-Theory of operation: one ``httpx.AsyncClient`` (HTTP/1.1, keep-alive pool, no timeouts of its
-own) serves every engine. A deadline is an absolute time on the clock; each awaiting method
-runs under ``anyio.move_on_after(deadline - now)``, and expiry becomes ``TimedOut()``.
+Theory of operation: one ``httpx.AsyncHTTPTransport`` (HTTP/1.1, keep-alive pool, no timeouts
+of its own) serves every engine. The hot calls (:meth:`call`, :meth:`open_stream`) hand a
+prebuilt ``httpx.Request`` straight to it: the JSON body encoded once as httpx's ``json=`` would,
+the client's default headers, a cached parsed URL, and none of ``AsyncClient``'s per-request
+machinery (cookie jar, auth and redirect hooks, timeout merging), which Narwhal does not use; the
+``AsyncClient`` over the same pool serves the rest (``release_handoff``). Environment proxies are
+not used (``trust_env=False``): engines are reached directly. A deadline is an absolute time on
+the clock; :meth:`call` and :meth:`open_stream` run under ``anyio.move_on_after(deadline -
+now)``, and expiry becomes ``TimedOut()``. :meth:`next_chunk` runs once per streamed chunk, so
+it uses one timer per stream instead of a cancel scope per read: the timer is armed for the
+earliest deadline asked for and, when it fires, either re-arms itself for the stream's current
+deadline or (that deadline passed while a read waits) cancels the waiting task, which the read
+turns into ``TimedOut()`` (a cancellation from anywhere else still propagates).
 ``httpx.ConnectError`` maps to ``ConnectFailed("refused")``, any other transport error (read,
 write, protocol) to ``ConnectFailed("reset")``. A stream whose status is not 200 is read whole
 into ``StreamOpened.body`` and closed at once.
@@ -30,9 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx
@@ -55,19 +67,49 @@ RELEASE_PATH = "/kv/release"
 BACKGROUND_TIMEOUT_S = 2.0
 DRAIN_S = 0.1
 DRAIN_MAX_BYTES = 64 * 1024
+MAX_CACHED_URLS = 1024
+
+
+def encode_json(body: Any) -> bytes:
+    """A JSON request body, byte for byte what httpx sends for ``json=body``."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 class HttpStream:
     """An open upstream stream (the core's opaque stream handle)."""
 
+    __slots__ = (
+        "chunks",
+        "closed",
+        "deadline",
+        "expired",
+        "response",
+        "timer",
+        "timer_at",
+        "waiter",
+    )
+
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
-        self.chunks: AsyncIterator[bytes] = response.aiter_raw()
+        # the raw body, straight from the transport's stream (no decoding: SSE is never encoded)
+        stream = cast(httpx.AsyncByteStream, response.stream)
+        self.chunks: AsyncIterator[bytes] = stream.__aiter__()
         self.closed = False
+        self.deadline = math.inf  # of the read in progress (or the last one), on the clock
+        self.timer: asyncio.TimerHandle | None = None  # armed for ``timer_at``
+        self.timer_at = math.inf
+        self.waiter: asyncio.Task[Any] | None = None  # the task blocked in a read, if any
+        self.expired = False  # the timer cancelled ``waiter``
 
     @property
     def status(self) -> int:
         return self.response.status_code
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+            self.timer_at = math.inf
 
 
 async def _drain(stream: HttpStream) -> None:
@@ -78,6 +120,8 @@ async def _drain(stream: HttpStream) -> None:
     costs more CPU than the request). A stream that is not about to end (an abandoned or hung
     one) is cut after ``DRAIN_S`` or ``DRAIN_MAX_BYTES``, which aborts the engine request.
     """
+    if stream.response.is_closed:
+        return  # read whole (a non-200 answer): its connection is back in the pool already
     drained = 0
     with anyio.move_on_after(DRAIN_S):
         try:
@@ -106,6 +150,9 @@ class HttpxTransport:
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
         self._client: httpx.AsyncClient | None = None
+        self._http: httpx.AsyncHTTPTransport | None = None
+        self._default_headers: dict[str, str] = {}
+        self._urls: dict[str, httpx.URL] = {}
         self._tasks: TaskGroup | None = None
         self._no_release: set[str] = set()
         self._open: set[HttpStream] = set()
@@ -144,10 +191,51 @@ class HttpxTransport:
     @property
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
+            self._http = httpx.AsyncHTTPTransport(limits=self._limits, http1=True, http2=False)
             self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(None), limits=self._limits, http1=True, http2=False
+                timeout=httpx.Timeout(None), transport=self._http, trust_env=False
             )
+            self._default_headers = dict(self._client.headers)  # lower-case names
         return self._client
+
+    @property
+    def http(self) -> httpx.AsyncHTTPTransport:
+        if self._http is None:
+            _ = self.client
+        assert self._http is not None
+        return self._http
+
+    def _request(
+        self, method: str, url: str, body: dict[str, Any] | None, headers: dict[str, str]
+    ) -> httpx.Request:
+        """What ``AsyncClient.build_request(method, url, json=body, headers=headers)`` builds."""
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= MAX_CACHED_URLS:
+                self._urls.clear()
+            parsed = self._urls[url] = httpx.URL(url)
+        merged = dict(self._default_headers)
+        for name, value in headers.items():
+            merged[name.lower()] = value
+        if body is None:
+            return httpx.Request(method, parsed, headers=merged)
+        merged["content-type"] = "application/json"
+        return httpx.Request(method, parsed, headers=merged, content=encode_json(body))
+
+    def _expire(self, stream: HttpStream) -> None:
+        """The stream's timer fired: re-arm it, or end the read that waits past its deadline."""
+        stream.timer = None
+        stream.timer_at = math.inf
+        waiter = stream.waiter
+        if waiter is None or stream.closed:
+            return  # no read waits: the next one arms the timer again
+        left = stream.deadline - self._clock.now()
+        if left > 0:
+            stream.timer_at = stream.deadline
+            stream.timer = asyncio.get_running_loop().call_later(left, self._expire, stream)
+            return
+        stream.expired = True
+        waiter.cancel()
 
     def _timeout(self, deadline: float) -> float:
         return max(0.0, deadline - self._clock.now())
@@ -176,12 +264,18 @@ class HttpxTransport:
         headers: dict[str, str],
         deadline: float,
     ) -> CallResult:
+        request = self._request(method, url + path, body, headers)
         with anyio.move_on_after(self._timeout(deadline)):
             try:
-                response = await self.client.request(method, url + path, json=body, headers=headers)
+                response = await self.http.handle_async_request(request)
+                response.request = request
+                try:
+                    content = await response.aread()
+                finally:
+                    await response.aclose()
             except httpx.HTTPError as error:
                 return _failure(error)
-            return Reply(response.status_code, response.content, tuple(response.headers.items()))
+            return Reply(response.status_code, content, tuple(response.headers.items()))
         return TimedOut()
 
     async def open_stream(
@@ -192,12 +286,14 @@ class HttpxTransport:
         headers: dict[str, str],
         deadline: float,
     ) -> OpenResult:
-        request = self.client.build_request("POST", url + path, json=body, headers=headers)
+        request = self._request("POST", url + path, body, headers)
         stream: HttpStream | None = None
         result: OpenResult = TimedOut()
         with anyio.move_on_after(self._timeout(deadline)):
             try:
-                stream = HttpStream(await self.client.send(request, stream=True))
+                response = await self.http.handle_async_request(request)
+                response.request = request
+                stream = HttpStream(response)
                 self._open.add(stream)
                 if stream.status == 200:
                     result = StreamOpened(stream, 200)
@@ -214,21 +310,39 @@ class HttpxTransport:
         stream: HttpStream = handle
         if stream.closed:
             return StreamEnd()
-        with anyio.move_on_after(self._timeout(deadline)):
-            try:
-                data = await stream.chunks.__anext__()
-            except StopAsyncIteration:
-                return StreamEnd()
-            except httpx.HTTPError as error:
-                return _failure(error)
-            return Chunk(data)
-        return TimedOut()
+        stream.deadline = deadline
+        if deadline < stream.timer_at:  # a later timer re-arms itself when it fires
+            if stream.timer is not None:
+                stream.timer.cancel()
+            stream.timer_at = deadline
+            stream.timer = asyncio.get_running_loop().call_later(
+                max(0.0, deadline - self._clock.now()), self._expire, stream
+            )
+        task = stream.waiter = asyncio.current_task()
+        assert task is not None
+        cancelling = task.cancelling()
+        try:
+            data = await stream.chunks.__anext__()
+        except StopAsyncIteration:
+            return StreamEnd()
+        except httpx.HTTPError as error:
+            return _failure(error)
+        except asyncio.CancelledError:
+            if stream.expired:
+                stream.expired = False
+                if task.uncancel() <= cancelling:  # our timer's, and nobody else's
+                    return TimedOut()
+            raise
+        finally:
+            stream.waiter = None
+        return Chunk(data)
 
     def close_stream(self, handle: Any) -> None:
         stream: HttpStream = handle
         if stream.closed:
             return
         stream.closed = True
+        stream.disarm()
         self._open.discard(stream)
 
         async def close() -> None:

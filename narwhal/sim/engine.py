@@ -16,8 +16,9 @@ Theory of operation (one engine iteration = one ``env.timeout``):
   needs a new block each ``block_size`` tokens; when none is free the most recently started
   decode is preempted (vLLM's recompute preemption): its blocks are freed and it goes back to
   the head of the queue to re-prefill its prompt plus the tokens it already generated.
-- Step time is :class:`~narwhal.sim.timing.StepModel` plus the per-step overhead, times the
-  slow-down factor and a seeded jitter.
+- Step time is a :class:`~narwhal.sim.timing.StepTiming` (the fitted
+  :class:`~narwhal.sim.timing.StepModel`, or the emulator's linear model) plus the per-step
+  overhead, times the slow-down factor and a seeded jitter.
 - Per-token work is avoided: a decode that joins the batch at step ``j`` with context ``c0``
   has context ``c0 + (s - j)`` at step ``s``, so the batch's total context is kept as one running
   sum, and the steps at which a sequence needs a block, must emit output (every
@@ -50,7 +51,7 @@ from narwhal.core.ports import (
     StreamOpened,
 )
 from narwhal.sim.kvnet import KvNetwork
-from narwhal.sim.timing import StepModel
+from narwhal.sim.timing import StepTiming
 
 CREATED = 1_700_000_000  # the "created" field of engine responses (fixed: runs replay exactly)
 ENGINE_VERSION = "0.32.0"
@@ -201,7 +202,7 @@ class SimEngine:
         url: str,
         index: int,
         params: EngineParams,
-        timing: StepModel,
+        timing: StepTiming,
         net: KvNetwork,
         registry: dict[str, SimEngine],
         rng: random.Random,
@@ -746,7 +747,8 @@ class SimEngine:
         if tokens <= 0:
             return None
         context = self.ctx_base + len(self.decoding) * step
-        dt = self.timing.step_s(tokens, context, pairs) + params.step_overhead_s
+        dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs)
+        dt += params.step_overhead_s
         jitter = params.jitter
         if jitter:
             dt *= 1.0 + jitter * (2.0 * self.rng.random() - 1.0)

@@ -256,13 +256,17 @@ def goodput_sweep(
 ) -> dict[str, Any]:
     """DistServe goodput: run the scenario at each rate scale; the highest offered rate whose
     SLO attainment is at least 90%. Scales multiply the trace's ``rate_scale`` or the
-    synthetic ``rate``."""
+    synthetic ``rate``, or divide the ``fixed`` arrival times."""
     points = []
     for scale in sorted(scales):
         w = scenario.workload
-        update = (
-            {"rate_scale": w.rate_scale * scale} if w.kind == "trace" else {"rate": w.rate * scale}
-        )
+        update: dict[str, Any]
+        if w.kind == "trace":
+            update = {"rate_scale": w.rate_scale * scale}
+        elif w.kind == "fixed":
+            update = {"arrivals_s": tuple(t / scale for t in w.arrivals_s or ())}
+        else:
+            update = {"rate": w.rate * scale}
         scaled = scenario.model_copy(update={"workload": w.model_copy(update=update)})
         summary = summarize(run(scaled, seed))
         points.append(

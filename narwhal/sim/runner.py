@@ -34,7 +34,7 @@ from narwhal.sim.engine import SimEngine
 from narwhal.sim.faults import FaultWindow, expand, install
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.scenario import Scenario
-from narwhal.sim.timing import step_model
+from narwhal.sim.timing import LinearStepTiming
 from narwhal.sim.workload import Arrival, generate
 
 
@@ -53,6 +53,7 @@ class RunResult:
     engines: dict[str, dict[str, Any]]  # per-engine totals
     sim_end_s: float
     wall_s: float = field(default=0.0, compare=False)  # not part of the written results
+    policy_seed: int = 0  # the router's seed (``Policies(seed=...)``) derived from ``seed``
 
 
 def _prompt_text(cache: dict[int, str], tokens: int) -> str:
@@ -76,14 +77,17 @@ def run(
     policy_seed = root.getrandbits(64)
 
     env = simpy.Environment()
-    timing = step_model(fleet.model)
+    timing = fleet.step_timing()
     params = fleet.engine_params()
-    net = KvNetwork(
-        env,
-        bandwidth_gbps=fleet.link_bandwidth_gbps,
-        setup_s=fleet.link_setup_ms / 1e3,
-        topology=fleet.topology,
-    )
+    if isinstance(timing, LinearStepTiming):  # the emulator's KV pull: kv_s_per_token x tokens
+        net = KvNetwork(env, bandwidth_gbps=timing.link_bandwidth_gbps(), setup_s=timing.kv_setup_s)
+    else:
+        net = KvNetwork(
+            env,
+            bandwidth_gbps=fleet.link_bandwidth_gbps,
+            setup_s=fleet.link_setup_ms / 1e3,
+            topology=fleet.topology,
+        )
     conditions: list[dict[str, Any]] = []
 
     def on_state(engine: SimEngine, state: str) -> None:
@@ -198,4 +202,5 @@ def run(
         engines=totals,
         sim_end_s=float(env.now),
         wall_s=time.perf_counter() - wall_start,
+        policy_seed=policy_seed,
     )

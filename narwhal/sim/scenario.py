@@ -26,7 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from narwhal.core.config import ConfigError, NarwhalConfig, parse_config
 from narwhal.sim.engine import EngineParams
 from narwhal.sim.faults import FaultSpec
-from narwhal.sim.timing import kv_cache_tokens, model_names
+from narwhal.sim.timing import (
+    LinearStepTiming,
+    StepTiming,
+    kv_cache_tokens,
+    model_names,
+    step_model,
+)
 from narwhal.sim.workload import WorkloadSettings
 
 ROUTER_KEYS = ("engine", "recovery", "engine_contract", "engines")
@@ -39,6 +45,21 @@ class ScenarioError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LinearTimingSettings(_Strict):
+    """``[fleet.linear]``: the live emulator's linear timing (``narwhal emulate`` flags)."""
+
+    prefill_s_per_token: float = Field(0.0, ge=0)
+    decode_s_per_token: float = Field(0.0, ge=0)
+    kv_s_per_token: float = Field(0.0, ge=0)
+    overhead_s: float = Field(0.0, ge=0)
+    decode_s_per_seq: float = Field(0.0, ge=0)  # per running decode beyond the first, per step
+    kv_setup_s: float = Field(0.0, ge=0)  # fixed time of every KV pull
+
+
+# [fleet] keys that the linear timing replaces (refused with it rather than silently unused)
+_FITTED_ONLY = ("step_overhead_ms", "jitter", "link_bandwidth_gbps", "link_setup_ms", "topology")
 
 
 class FleetSettings(_Strict):
@@ -62,6 +83,9 @@ class FleetSettings(_Strict):
     link_bandwidth_gbps: float = Field(40.0, gt=0)  # GB/s per link
     link_setup_ms: float = Field(1.0, ge=0)
     topology: Literal["per_consumer", "shared"] = "per_consumer"
+    # "fitted": the step model fitted to the H200 profile; "linear": the emulator's timing
+    timing: Literal["fitted", "linear"] = "fitted"
+    linear: LinearTimingSettings | None = None  # with timing = "linear" (default: all zero)
 
     @model_validator(mode="after")
     def _consistent(self) -> FleetSettings:
@@ -69,7 +93,32 @@ class FleetSettings(_Strict):
             raise ValueError(f"model {self.model!r} is not in the profile ({model_names()})")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.timing == "fitted" and self.linear is not None:
+            raise ValueError('[fleet.linear] needs timing = "linear"')
+        if self.timing == "linear":
+            unused = sorted(set(_FITTED_ONLY) & self.model_fields_set)
+            if unused:
+                raise ValueError(
+                    f'{", ".join(unused)}: not used with timing = "linear" (no per-step '
+                    "overhead or jitter; KV pulls take linear.kv_s_per_token per token)"
+                )
         return self
+
+    def step_timing(self) -> StepTiming:
+        """The engines' timing model: fitted to the profile, or the emulator's linear one."""
+        fitted = step_model(self.model)
+        if self.timing == "fitted":
+            return fitted
+        linear = self.linear or LinearTimingSettings()
+        return LinearStepTiming(
+            prefill_s_per_token=linear.prefill_s_per_token,
+            decode_s_per_token=linear.decode_s_per_token,
+            kv_s_per_token=linear.kv_s_per_token,
+            overhead_s=linear.overhead_s,
+            kv_bytes_per_token=fitted.kv_bytes_per_token,
+            decode_s_per_seq=linear.decode_s_per_seq,
+            kv_setup_s=linear.kv_setup_s,
+        )
 
     def engine_params(self) -> EngineParams:
         tokens = self.kv_cache_tokens or kv_cache_tokens(
@@ -81,8 +130,8 @@ class FleetSettings(_Strict):
             max_num_batched_tokens=self.max_num_batched_tokens,
             block_size=self.block_size,
             num_blocks=max(8, tokens // self.block_size),
-            step_overhead_s=self.step_overhead_ms / 1e3,
-            jitter=self.jitter,
+            step_overhead_s=self.step_overhead_ms / 1e3 if self.timing == "fitted" else 0.0,
+            jitter=self.jitter if self.timing == "fitted" else 0.0,
             stream_interval=self.stream_interval,
             kv_lease_s=self.kv_lease_s,
             kv_load_failure_policy=self.kv_load_failure_policy,

@@ -16,6 +16,11 @@ attention is causal and compute-bound: a chunk of C new tokens after K cached on
 each W, solves b, c, h, a by least squares on the points above the floor (iterated until the
 split is stable). :func:`fit_report` states the fit error against every profile point; the
 model without ``a`` (the plain form of FACTS.md section 6) is reported too, for comparison.
+
+:class:`LinearStepTiming` is the alternative for ``[fleet] timing = "linear"``: the live engine
+emulator's linear model (no fit, no batching effects), so a simulated fleet and an emulated one
+can be timed alike (the sim-versus-live parity test). Engines use either through
+:class:`StepTiming`.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -61,6 +66,69 @@ class StepModel:
         if linear < self.floor_s:
             linear = self.floor_s
         return linear + self.per_context_s * decode_context + self.per_pair_s * prefill_pairs
+
+    def batch_s(
+        self, decodes: int, prefill_tokens: int, decode_context: int, prefill_pairs: float
+    ) -> float:
+        """The :class:`StepTiming` interface: :meth:`step_s` of ``decodes + prefill_tokens``."""
+        linear = self.base_s + self.per_token_s * (decodes + prefill_tokens)
+        if linear < self.floor_s:
+            linear = self.floor_s
+        return linear + self.per_context_s * decode_context + self.per_pair_s * prefill_pairs
+
+
+class StepTiming(Protocol):
+    """What an engine needs from a timing model: one step's duration, and KV bytes per token."""
+
+    @property
+    def kv_bytes_per_token(self) -> int: ...
+
+    def batch_s(
+        self, decodes: int, prefill_tokens: int, decode_context: int, prefill_pairs: float
+    ) -> float: ...
+
+
+@dataclass(frozen=True)
+class LinearStepTiming:
+    """The live emulator's ``LinearTiming`` (``narwhal emulate``) as a step model.
+
+    Same four parameters and meaning as :class:`narwhal.live.emulator.timing.LinearTiming`, so
+    a simulated engine and an emulated one take the same time for one request at a time: a
+    step that generates a token takes ``decode_s_per_token``; a step that also (pre)fills ``P``
+    prompt tokens adds ``overhead_s + prefill_s_per_token * P``. A prefill leg is then
+    ``overhead + a * prompt + d`` (the emulator's prefill then one token), a streamed decode
+    gives a token every ``d``, and a KV pull takes ``kv_s_per_token * tokens`` (the runner
+    sizes the link's bandwidth for it). Concurrent requests share steps (continuous batching)
+    where the emulator serves each on its own; the parity test keeps requests sequential.
+    ``decode_s_per_seq`` (default 0, which the emulator has no equivalent of) adds that much per
+    running decode beyond the first, so a step of ``B`` decodes takes ``decode_s_per_token +
+    decode_s_per_seq * (B - 1)``: the batch-dependent step that ``narwhal calibrate`` fits;
+    ``kv_setup_s`` (default 0) is a fixed time added to every KV pull (the runner's link setup).
+    """
+
+    prefill_s_per_token: float = 0.0
+    decode_s_per_token: float = 0.0
+    kv_s_per_token: float = 0.0
+    overhead_s: float = 0.0
+    kv_bytes_per_token: int = 131_072
+    decode_s_per_seq: float = 0.0
+    kv_setup_s: float = 0.0
+
+    def batch_s(
+        self, decodes: int, prefill_tokens: int, decode_context: int, prefill_pairs: float
+    ) -> float:
+        step = self.decode_s_per_token
+        if decodes > 1:
+            step += self.decode_s_per_seq * (decodes - 1)
+        if prefill_tokens > 0:
+            step += self.overhead_s + self.prefill_s_per_token * prefill_tokens
+        return step
+
+    def link_bandwidth_gbps(self) -> float:
+        """A link bandwidth (GB/s) that moves one token's KV in ``kv_s_per_token``."""
+        if self.kv_s_per_token <= 0:
+            return 1e9  # as good as instantaneous
+        return self.kv_bytes_per_token / self.kv_s_per_token / 1e9
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Rule kept here: a workload is a pure function of its settings and a seeded RNG; 
 :class:`Arrival` values (time, prompt tokens, output tokens) in time order and knows nothing of
 engines or routers.
 
-Theory of operation: three generators.
+Theory of operation: four generators.
 - ``poisson``: exponential inter-arrival times at ``rate`` requests per second.
 - ``gamma``: bursty arrivals, gamma inter-arrival times with mean ``1/rate`` and coefficient of
   variation ``cv`` (shape ``1/cv^2``; cv = 1 is Poisson, cv > 1 comes in bursts).
@@ -12,6 +12,8 @@ Theory of operation: three generators.
   inference trace 2023, AzurePublicDataset, CC-BY-4.0) or a CSV/JSONL path with the same
   columns; ``start_s``/``duration_s`` cut a window, ``rate_scale`` compresses time (2 = twice
   the rate), ``repeat`` loops the trace until ``max_requests`` or ``duration_s`` is reached.
+- ``fixed``: the listed ``arrivals_s`` (e.g. a parity or regression scenario), every request
+  with ``prompt_tokens`` and ``output_tokens``; no randomness.
 Lengths for the synthetic generators come from a :class:`LengthDist`: fixed, uniform,
 lognormal, or ``trace`` (pairs drawn from a trace's empirical distribution, so prompt and output
 lengths keep their correlation).
@@ -20,6 +22,7 @@ lengths keep their correlation).
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import random
@@ -38,6 +41,7 @@ BUNDLED_TRACES = {
     "azure2023_code": "azure2023_code.csv",
 }
 TRACE_CITATION = "Azure LLM inference trace 2023 (AzurePublicDataset, CC-BY-4.0)"
+FIXED_ONLY = frozenset({"arrivals_s", "prompt_tokens", "output_tokens"})  # kind = "fixed" keys
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ class WorkloadSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["trace", "poisson", "gamma"] = "trace"
+    kind: Literal["trace", "poisson", "gamma", "fixed"] = "trace"
     trace: str = "azure2023_conv"  # a bundled trace name or a file path
     rate: float = Field(5.0, gt=0)  # poisson/gamma: requests per second
     cv: float = Field(2.0, gt=0)  # gamma: coefficient of variation of inter-arrival times
@@ -87,9 +91,26 @@ class WorkloadSettings(BaseModel):
     max_prompt_tokens: int = Field(16_000, ge=1)  # longer prompts are clamped (as vLLM does)
     endpoint: Literal["completions", "chat"] = "completions"
     stream: bool = True
+    arrivals_s: tuple[float, ...] | None = None  # fixed: arrival times, seconds from the start
+    prompt_tokens: int = Field(256, ge=1)  # fixed: every request's prompt
+    output_tokens: int = Field(16, ge=1)  # fixed: every request's max_tokens
 
     @model_validator(mode="after")
     def _bounded(self) -> WorkloadSettings:
+        if self.kind == "fixed":
+            arrivals = self.arrivals_s
+            if not arrivals:
+                raise ValueError("kind = \"fixed\" needs 'arrivals_s' (a non-empty list)")
+            if any(not math.isfinite(t) or t < 0 for t in arrivals):
+                raise ValueError("arrivals_s: times must be finite and >= 0")
+            if any(later < earlier for earlier, later in itertools.pairwise(arrivals)):
+                raise ValueError("arrivals_s: times must be in non-decreasing order")
+            if self.prompt is not None or self.output is not None:
+                raise ValueError("kind = \"fixed\" takes 'prompt_tokens' and 'output_tokens'")
+            return self
+        fixed_only = sorted(FIXED_ONLY & self.model_fields_set)
+        if fixed_only:
+            raise ValueError(f'{", ".join(fixed_only)}: only for kind = "fixed"')
         if self.duration_s is None and self.max_requests is None:
             raise ValueError("give 'duration_s' or 'max_requests' (or both)")
         if (self.prompt is None) != (self.output is None):
@@ -177,9 +198,19 @@ def _synthetic(w: WorkloadSettings, rng: random.Random) -> Iterator[Arrival]:
             yield Arrival(t, prompt, output)
 
 
+def _fixed(w: WorkloadSettings) -> Iterator[Arrival]:
+    for t in w.arrivals_s or ():
+        yield Arrival(float(t), w.prompt_tokens, w.output_tokens)
+
+
 def generate(w: WorkloadSettings, rng: random.Random) -> list[Arrival]:
     """Every arrival of the workload, in time order."""
-    source = _trace_arrivals(w) if w.kind == "trace" else _synthetic(w, rng)
+    if w.kind == "fixed":
+        source = _fixed(w)
+    elif w.kind == "trace":
+        source = _trace_arrivals(w)
+    else:
+        source = _synthetic(w, rng)
     out: list[Arrival] = []
     for arrival in source:
         if w.duration_s is not None and arrival.t >= w.duration_s:

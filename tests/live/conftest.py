@@ -21,7 +21,7 @@ from narwhal.live.emulator.app import EmulatorApp, EmulatorConfig
 from narwhal.live.emulator.faults import FaultSpec
 from narwhal.live.emulator.runner import build_emulator
 from narwhal.live.emulator.timing import LinearTiming
-from narwhal.live.serving import BackgroundServer, bind, make_server, port_of
+from narwhal.live.serving import BackgroundServer, bind, make_router_server, port_of
 
 FAST_ENGINE = {
     "first_token_timeout_s": 0.5,
@@ -175,7 +175,7 @@ def start_router(
         parse_config(data), seed=seed, api_key=api_key, tick_s=0.02, max_body_bytes=max_body_bytes
     )
     sock = bind("127.0.0.1", 0)
-    server = make_server(app.app, graceful_s=0.2)
+    server = make_router_server(app.app, graceful_s=0.2)  # as `narwhal serve` runs it
     background = servers.start(BackgroundServer(server, [sock]))
     return RouterHandle(app, background, f"http://127.0.0.1:{port_of(sock)}")
 

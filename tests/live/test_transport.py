@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 
-from narwhal.core.ports import Chunk, StreamOpened
+from narwhal.core.ports import Chunk, StreamOpened, TimedOut
 from narwhal.live.clock import AnyioClock
 from narwhal.live.transport import HttpxTransport
 from tests.live.conftest import Emulator
@@ -19,6 +19,14 @@ BODY = {"prompt": "hello", "max_tokens": 3, "stream": True}
 def pooled_connections(transport: HttpxTransport) -> int:
     pool: Any = transport.client._transport._pool  # httpx internals, read-only, for this test
     return len(pool.connections)
+
+
+async def settled(transport: HttpxTransport, limit_s: float = 5.0) -> None:
+    """Wait (bounded) until no pooled connection is still busy with a scheduled close."""
+    pool: Any = transport.client._transport._pool
+    with anyio.move_on_after(limit_s):
+        while not all(connection.is_idle() for connection in pool.connections):
+            await anyio.sleep(0.01)
 
 
 async def read_to_done(transport: HttpxTransport, clock: AnyioClock, url: str) -> None:
@@ -40,7 +48,7 @@ def test_finished_streams_reuse_one_connection(emulator: Callable[..., Emulator]
         async with HttpxTransport(clock) as transport:
             for _ in range(4):
                 await read_to_done(transport, clock, engine.url)
-                await anyio.sleep(0.05)  # the scheduled close runs in the background
+                await settled(transport)  # the scheduled close runs in the background
             return pooled_connections(transport)
 
     assert anyio.run(main) == 1
@@ -58,7 +66,53 @@ def test_abandoned_stream_drops_its_connection(emulator: Callable[..., Emulator]
             )
             assert isinstance(opened, StreamOpened)
             transport.close_stream(opened.handle)
-            await anyio.sleep(0.3)  # past the bounded drain
+            await anyio.sleep(0.15)  # past the bounded drain
+            await settled(transport)
             return pooled_connections(transport)
 
     assert anyio.run(main) == 0
+
+
+def test_read_deadlines_time_out_and_outer_cancellation_propagates(
+    emulator: Callable[..., Emulator],
+) -> None:
+    engine = emulator(role="both")
+    engine.faults({"kind": "stall", "after": 1})
+
+    async def main() -> tuple[bool, bool, float, bool]:
+        clock = AnyioClock()
+        async with HttpxTransport(clock) as transport:
+            opened = await transport.open_stream(
+                engine.url, "/v1/completions", BODY, {}, clock.now() + 5
+            )
+            assert isinstance(opened, StreamOpened) and opened.status == 200
+            # a long deadline first (its timer is kept), then a shorter one must still win
+            first = await transport.next_chunk(opened.handle, clock.now() + 30)
+            began = clock.now()
+            silent = await transport.next_chunk(opened.handle, clock.now() + 0.2)
+            waited = clock.now() - began
+            transport.close_stream(opened.handle)
+
+            opened = await transport.open_stream(
+                engine.url, "/v1/completions", BODY, {}, clock.now() + 5
+            )
+            assert isinstance(opened, StreamOpened)
+            await transport.next_chunk(opened.handle, clock.now() + 5)
+            propagated = False
+            with anyio.move_on_after(0.2) as scope:  # someone else's cancellation
+                try:
+                    await transport.next_chunk(opened.handle, clock.now() + 30)
+                except BaseException:
+                    propagated = True
+                    raise
+            transport.close_stream(opened.handle)
+            return (
+                isinstance(first, Chunk),
+                isinstance(silent, TimedOut),
+                waited,
+                propagated and scope.cancelled_caught,
+            )
+
+    got_chunk, timed_out, waited, propagated = anyio.run(main)
+    assert got_chunk and timed_out and propagated
+    assert 0.15 < waited < 2.0
