@@ -1,0 +1,168 @@
+"""Aggregation: run rows, per-point rows (means over replicates) and DistServe goodput.
+
+Rule kept here: aggregation is a pure function of the plan and the outcomes in plan order, and
+its CSV text is byte-stable (fixed column order, floats rounded to 6 decimals, no wall time).
+
+Theory of operation. A *run row* is one simulation: point, replicate, rate multiplier, seed,
+the point's parameters and fleet counts, then the worker's metrics. A *point row* averages a
+point's runs over replicates; with ``[goodput]`` only the runs at the reference multiplier
+(``report_at``) feed those means. Means skip missing values (a p99 with no successful
+request); ``*_sd`` columns give the spread between replicates (population standard deviation).
+
+Goodput follows DistServe (FACTS.md section 6): the highest request rate at which at least
+``attainment_pct`` (90%) of requests are on time. A point's rate curve is its mean over
+replicates (mean offered rate, mean attainment, per rate multiplier), scanned upwards to the
+first rate that misses the bar; goodput is the linear interpolation of the 90% crossing between
+it and the rate below. If even the lowest rate misses, goodput is 0 and ``goodput_bound`` is
+``below`` (an upper bound: less than the lowest rate tried); if no rate misses it is the highest
+rate tried and ``goodput_bound`` is ``above`` (a lower bound). Averaging the curves before
+reading the crossing keeps one unlucky replicate (a fault that sinks attainment at one rate)
+from zeroing the estimate; ``goodput_rps_sd`` is the spread of the per-replicate crossings.
+``goodput_per_engine`` divides goodput by the point's engine count.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections import defaultdict
+from typing import Any
+
+from narwhal.experiments.plan import Plan
+from narwhal.experiments.worker import ERROR_PREFIX, METRIC_FIELDS, RunOutcome
+
+FLEET_FIELDS = ("prefill", "decode", "both", "engines")
+SPREAD_FIELDS = ("success_pct", "first_byte_p99_s", "slo_attainment_pct")
+
+
+def goodput(curve: list[tuple[float, float]], bar_pct: float = 90.0) -> tuple[float, str]:
+    """(goodput req/s, bound) from (offered rate, attainment %) points in increasing rate."""
+    if not curve:
+        return 0.0, "below"
+    for k, (rate, attained) in enumerate(curve):
+        if attained < bar_pct:
+            if k == 0:
+                return 0.0, "below"
+            low_rate, low_attained = curve[k - 1]
+            share = (low_attained - bar_pct) / (low_attained - attained)
+            return low_rate + share * (rate - low_rate), ""
+    return curve[-1][0], "above"
+
+
+def mean_curve(runs: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(mean offered rate, mean attainment %) per rate multiplier, in increasing rate."""
+    by_rate: dict[float, list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        by_rate[run["rate_multiplier"]].append(run)
+    return [
+        (
+            sum(r["offered_rps"] or 0.0 for r in group) / len(group),
+            sum(r["slo_attainment_pct"] for r in group) / len(group),
+        )
+        for _, group in sorted(by_rate.items())
+    ]
+
+
+def _mean(values: list[Any]) -> float | None:
+    numbers = [float(v) for v in values if v is not None]
+    return sum(numbers) / len(numbers) if numbers else None
+
+
+def _sd(values: list[Any]) -> float | None:
+    numbers = [float(v) for v in values if v is not None]
+    if not numbers:
+        return None
+    mean = sum(numbers) / len(numbers)
+    return math.sqrt(sum((v - mean) ** 2 for v in numbers) / len(numbers))
+
+
+def error_fields(outcomes: list[RunOutcome]) -> list[str]:
+    """Every ``errors.<class>`` column seen, sorted."""
+    return sorted({k for o in outcomes for k in o.metrics if k.startswith(ERROR_PREFIX)})
+
+
+def param_fields(plan: Plan) -> list[str]:
+    return list(plan.points[0].params) if plan.points else []
+
+
+def run_rows(plan: Plan, outcomes: list[RunOutcome]) -> tuple[list[str], list[dict[str, Any]]]:
+    """(columns, one row per run), in plan order."""
+    errors = error_fields(outcomes)
+    fields = ["point", "replicate"]
+    if plan.spec.goodput is not None:
+        fields.append("rate_multiplier")
+    fields += ["seed", *param_fields(plan), *FLEET_FIELDS, *METRIC_FIELDS, *errors]
+    rows = []
+    for task, outcome in zip(plan.tasks, outcomes, strict=True):
+        row: dict[str, Any] = {
+            "point": task.point,
+            "replicate": task.replicate,
+            "rate_multiplier": task.rate_multiplier,
+            "seed": task.seed,
+            **plan.points[task.point].params,
+            **plan.engines[task.point],
+            **{k: 0 for k in errors},
+            **outcome.metrics,
+        }
+        rows.append(row)
+    return fields, rows
+
+
+def point_rows(plan: Plan, runs: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """(columns, one row per point): means over replicates, spreads, goodput."""
+    goodput_cfg = plan.spec.goodput
+    reference = goodput_cfg.reference() if goodput_cfg is not None else None
+    errors = sorted({k for r in runs for k in r if k.startswith(ERROR_PREFIX)})
+    by_point: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in runs:
+        by_point[row["point"]].append(row)
+    fields = ["point", *param_fields(plan), *FLEET_FIELDS, "replicates", *METRIC_FIELDS]
+    fields += [f"{k}_sd" for k in SPREAD_FIELDS]
+    if goodput_cfg is not None:
+        fields += ["goodput_rps", "goodput_rps_sd", "goodput_per_engine", "goodput_bound"]
+    fields += errors
+    rows = []
+    for point in plan.points:
+        mine = by_point[point.index]
+        reported = [r for r in mine if reference is None or r["rate_multiplier"] == reference]
+        row = {"point": point.index, **point.params, **plan.engines[point.index]}
+        row["replicates"] = len({r["replicate"] for r in reported})
+        for key in (*METRIC_FIELDS, *errors):
+            row[key] = _mean(
+                [r.get(key, 0 if key.startswith(ERROR_PREFIX) else None) for r in reported]
+            )
+        for key in SPREAD_FIELDS:
+            row[f"{key}_sd"] = _sd([r[key] for r in reported])
+        if goodput_cfg is not None:
+            bar = goodput_cfg.attainment_pct
+            value, bound = goodput(mean_curve(mine), bar)
+            per_replicate = [
+                goodput(mean_curve([r for r in mine if r["replicate"] == k]), bar)[0]
+                for k in sorted({r["replicate"] for r in mine})
+            ]
+            engines = plan.engines[point.index]["engines"]
+            row["goodput_rps"] = value
+            row["goodput_rps_sd"] = _sd(per_replicate)
+            row["goodput_per_engine"] = value / engines if engines else None
+            row["goodput_bound"] = bound
+        rows.append(row)
+    return fields, rows
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return round(value, 6)
+    return value
+
+
+def csv_text(fields: list[str], rows: list[dict[str, Any]]) -> str:
+    """CSV with a header, missing values empty, floats rounded to 6 decimals."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(row.get(k)) for k in fields})
+    return buffer.getvalue()

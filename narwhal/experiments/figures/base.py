@@ -1,0 +1,123 @@
+"""What every recipe shares: the :class:`Recipe` record, byte-stable PNG and CSV writing, captions.
+
+Rule kept here: figures use matplotlib's Agg backend, a fixed size and dpi, and no software
+metadata, and are stored as 128-colour palette PNGs (Pillow's median cut, no dithering: a
+deterministic step that keeps plots crisp at a third of the size), so the same sweep gives the
+same PNG bytes; every PNG is written together with a CSV of the numbers it shows, under the
+same stem.
+
+Theory of operation: :func:`pyplot` imports matplotlib lazily (a sweep that draws nothing
+never pays for it); :func:`save_figure` writes ``<stem>.png`` and ``<stem>.csv`` and closes the
+figure; :func:`provenance` is the small print every figure carries (sweep name, seed,
+replicates, quick or not, the command that redraws it) so a PNG found alone can be reproduced.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from narwhal.experiments.aggregate import csv_text
+
+if TYPE_CHECKING:
+    from narwhal.experiments.spec import SweepSpec
+    from narwhal.experiments.sweep import SweepResult
+
+DPI = 100
+PALETTE_COLOURS = 128  # PNGs are palette images: a third of the RGBA size, same look
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    options: type[BaseModel]
+    needs_samples: bool  # the workers return every request's first_byte_s
+    check: Callable[[SweepSpec, Any], list[str]]  # "key: reason" problems
+    draw: Callable[[SweepResult, Any, Path], list[Path]]
+
+
+def pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(
+    fig: Any, out: Path, stem: str, fields: list[str], rows: list[dict[str, Any]]
+) -> list[Path]:
+    """``<stem>.png`` and its ``<stem>.csv``; closes the figure."""
+    out.mkdir(parents=True, exist_ok=True)
+    png, table = out / f"{stem}.png", out / f"{stem}.csv"
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+    palette = image.quantize(
+        colors=PALETTE_COLOURS, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE
+    )
+    palette.save(png, format="PNG", optimize=True)
+    pyplot().close(fig)
+    table.write_text(csv_text(fields, rows), "utf-8")
+    return [png, table]
+
+
+def provenance(result: SweepResult) -> str:
+    spec = result.spec
+    quick = " --quick" if result.quick else ""
+    reps = spec.sweep.replicates
+    return (
+        f"narwhal sweep {spec.source} --seed {spec.sweep.seed}{quick}  |  "
+        f"{len(result.plan.tasks)} runs, {result.requests:,} simulated requests, "
+        f"{reps} replicate{'s' if reps != 1 else ''}, seeds by {spec.sweep.seed_by}"
+    )
+
+
+def short(key: str) -> str:
+    """The last part of a dotted key, for axis labels."""
+    return key.rsplit(".", 1)[-1]
+
+
+def trace_note(result: SweepResult) -> str | None:
+    """The citation of the trace a sweep's workload replays, if any."""
+    from narwhal.sim.workload import TRACE_CITATION
+
+    if not result.plan.tasks:
+        return None
+    workload = result.plan.tasks[0].scenario.get("workload", {})
+    if workload.get("kind", "trace") == "trace" or "prompt" not in workload:
+        return f"{workload.get('trace', 'azure2023_conv')}: {TRACE_CITATION}"
+    return None
+
+
+def fault_note(result: SweepResult) -> str:
+    """The fault mix of the first run, in words."""
+    if not result.plan.tasks:
+        return "no faults"
+    parts = []
+    for fault in result.plan.tasks[0].scenario.get("faults", []):
+        target = fault.get("engine") or fault.get("role", "any")
+        when = (
+            f"{fault['rate_per_hour']:g}/h/engine"
+            if "rate_per_hour" in fault
+            else f"at {fault.get('at_s', 0):g}s"
+        )
+        extra = ""
+        if "probability" in fault:
+            extra = f" p={fault['probability']:g}"
+        if fault.get("kind") == "slow":
+            extra = f" x{fault.get('factor', 3.0):g}"
+        parts.append(f"{fault['kind']} ({target}, {when}, {fault.get('duration_s', 30):g}s{extra})")
+    return "faults: " + ("; ".join(parts) if parts else "none")

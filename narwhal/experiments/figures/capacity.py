@@ -1,0 +1,180 @@
+"""The ``capacity`` recipe: goodput against fleet size, one line per prefill:decode ratio.
+
+Rule kept here: goodput and SLO attainment are DistServe's (FACTS.md section 6; a request is on
+time when it succeeded with ``first_byte_s <= slo_ttft_s`` and TPOT ``<= slo_tpot_s``;
+goodput is the highest rate with >= 90% on time), computed per replicate from the point's rate
+curve by :func:`narwhal.experiments.aggregate.goodput` and averaged. The faults stay on while
+the rate rises, so the figure answers "how much load does this fleet carry *at this fault
+rate*".
+
+Theory of operation: the spec's grid has the ``size`` and ``ratio`` axes (by default the
+derived keys ``fleet.size`` and ``fleet.pd_ratio``) and a ``[goodput]`` rate axis. The left
+panel draws each ratio's goodput against fleet size (error bars: spread over replicates,
+labels: goodput per engine). The right panel shows where those numbers come from: attainment
+against offered load per engine for every ratio at the largest fleet, with the 90% bar.
+``capacity.csv`` has one row per (size, ratio, rate) with the mean attainment and the point's
+goodput.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from narwhal.experiments.figures.base import (
+    Options,
+    Recipe,
+    fault_note,
+    provenance,
+    pyplot,
+    save_figure,
+    short,
+    trace_note,
+)
+
+if TYPE_CHECKING:
+    from narwhal.experiments.spec import SweepSpec
+    from narwhal.experiments.sweep import SweepResult
+
+MARKERS = "osD^vP*X"
+
+
+class CapacityOptions(Options):
+    size: str = "fleet.size"
+    ratio: str = "fleet.pd_ratio"
+
+
+def check(spec: SweepSpec, options: CapacityOptions) -> list[str]:
+    problems = []
+    for axis in ("size", "ratio"):
+        key = getattr(options, axis)
+        if key not in spec.grid:
+            problems.append(f"figure.{axis}: {key!r} is not an axis of [grid]")
+    if spec.goodput is None:
+        problems.append("goodput: the capacity recipe needs a [goodput] rate axis")
+    return problems
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def draw(result: SweepResult, options: CapacityOptions, out: Path) -> list[Path]:
+    plt = pyplot()
+    spec = result.spec
+    sizes, ratios = spec.grid[options.size], spec.grid[options.ratio]
+    points = {p["point"]: p for p in result.points}
+    curves: dict[int, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for run in result.runs:
+        curves[run["point"]][run["rate_multiplier"]].append(run)
+    rows: list[dict[str, Any]] = []
+    for point in result.plan.points:
+        summary = points[point.index]
+        engines = summary["engines"] or 1
+        for multiplier, runs in sorted(curves[point.index].items()):
+            offered = _mean([r["offered_rps"] or 0.0 for r in runs])
+            rows.append(
+                {
+                    "fleet_size": point.params[options.size],
+                    "pd_ratio": point.params[options.ratio],
+                    "prefill": summary["prefill"],
+                    "decode": summary["decode"],
+                    "rate_multiplier": multiplier,
+                    "offered_rps": offered,
+                    "offered_rps_per_engine": offered / engines,
+                    "slo_attainment_pct": _mean([r["slo_attainment_pct"] for r in runs]),
+                    "success_pct": _mean([r["success_pct"] for r in runs]),
+                    "goodput_rps": summary["goodput_rps"],
+                    "goodput_rps_sd": summary["goodput_rps_sd"],
+                    "goodput_per_engine": summary["goodput_per_engine"],
+                    "goodput_bound": summary["goodput_bound"],
+                }
+            )
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.3))
+    for r, ratio in enumerate(ratios):
+        mine = [p for p in result.points if p[options.ratio] == ratio]
+        mine.sort(key=lambda p: sizes.index(p[options.size]))
+        xs = [p[options.size] for p in mine]
+        ys = [p["goodput_rps"] or 0.0 for p in mine]
+        spread = [p["goodput_rps_sd"] or 0.0 for p in mine]
+        errors = [[min(s, y) for s, y in zip(spread, ys, strict=True)], spread]  # not below 0
+        left.errorbar(
+            xs,
+            ys,
+            yerr=errors,
+            marker=MARKERS[r % len(MARKERS)],
+            capsize=3,
+            lw=1.6,
+            label=f"P:D = {ratio}",
+        )
+        for p, x, y in zip(mine, xs, ys, strict=True):
+            per = p["goodput_per_engine"] or 0.0
+            text = f"{per:.1f}/eng"
+            if p["goodput_bound"] == "above":
+                text = f">={per:.1f}/eng"
+            elif p["goodput_bound"] == "below":
+                lowest = min(
+                    row["offered_rps_per_engine"]
+                    for row in rows
+                    if row["fleet_size"] == x and row["pd_ratio"] == ratio
+                )
+                text = f"<{lowest:.1f}/eng"
+            left.annotate(
+                f"{text} ({p['prefill']}P+{p['decode']}D)",
+                (x, y),
+                fontsize=6.5,
+                xytext=(7, 10 * (r - (len(ratios) - 1) / 2) - 3),
+                textcoords="offset points",
+                color=f"C{r}",
+            )
+    left.set_xlabel(f"fleet size ({short(options.size)}: engines; labels: goodput per engine)")
+    left.set_ylabel("goodput (req/s with >= 90% of requests on time)")
+    left.set_xticks(sizes)
+    left.grid(True, alpha=0.3)
+    left.legend(fontsize=8.5)
+    left.set_title("goodput (DistServe) by fleet size and prefill:decode ratio", fontsize=10)
+
+    largest = sizes[-1]
+    for r, ratio in enumerate(ratios):
+        mine = [row for row in rows if row["fleet_size"] == largest and row["pd_ratio"] == ratio]
+        right.plot(
+            [row["offered_rps_per_engine"] for row in mine],
+            [row["slo_attainment_pct"] for row in mine],
+            marker=MARKERS[r % len(MARKERS)],
+            lw=1.6,
+            label=f"P:D = {ratio}",
+        )
+    goodput = spec.goodput
+    bar = goodput.attainment_pct if goodput is not None else 90.0
+    right.axhline(bar, color="#555555", ls="--", lw=1)
+    right.text(right.get_xlim()[0], bar, f" {bar:g}% bar", va="bottom", fontsize=8)
+    right.set_xlabel("offered load (req/s per engine)")
+    right.set_ylabel("SLO attainment (% of requests on time)")
+    right.set_ylim(0, 101)
+    right.grid(True, alpha=0.3)
+    right.legend(fontsize=8.5)
+    right.set_title(f"SLO attainment vs load, {largest} engines", fontsize=10)
+
+    first = result.plan.tasks[0].scenario if result.plan.tasks else {}
+    sim, fleet = first.get("sim", {}), first.get("fleet", {})
+    fig.suptitle(
+        f"{spec.sweep.name}: capacity of {fleet.get('model', 'llama3-8b')} engines on the Azure "
+        f"conversation trace, SLO TTFT {sim.get('slo_ttft_s', 2.0):g} s / "
+        f"TPOT {sim.get('slo_tpot_s', 0.1):g} s, with faults",
+        fontsize=11,
+    )
+    notes = [fault_note(result)]
+    trace = trace_note(result)
+    if trace:
+        notes.append(f"trace {trace}")
+    notes.append(provenance(result))
+    footer = "\n".join(textwrap.fill(n, 185) for n in notes)
+    fig.text(0.01, 0.01, footer, fontsize=7, va="bottom", ha="left", color="#333333")
+    fig.tight_layout(rect=(0, 0.03 + 0.03 * footer.count("\n"), 1, 0.95))
+    return save_figure(fig, out, "capacity", list(rows[0]) if rows else ["fleet_size"], rows)
+
+
+RECIPE = Recipe("capacity", CapacityOptions, False, check, draw)

@@ -1,0 +1,173 @@
+"""A whole sweep: plan it, run it on a backend, aggregate, write the files, draw the recipe.
+
+Rule kept here: the files a sweep writes depend only on the spec, ``--seed`` and ``--quick``;
+never on the backend, the worker count or the wall clock (wall time is only printed).
+:func:`redraw` rebuilds a finished sweep from its ``runs.csv`` to redraw the figures after a
+change to a recipe, without simulating again.
+
+Theory of operation: :func:`run_sweep` builds the plan (validating every point's scenario),
+runs its tasks through :func:`narwhal.experiments.backends.execute` and aggregates them into
+run rows and point rows. :func:`write_sweep` writes, into ``--out``:
+
+- ``runs.csv``: one row per run: point, replicate, rate multiplier, seed, parameters, fleet
+  counts, metrics;
+- ``points.csv``: one row per point: parameters, means over replicates, spreads, goodput;
+- ``sweep.json``: the spec as run (after ``--quick`` and ``--seed``), run and request counts;
+- ``<recipe>*.png`` with ``<recipe>*.csv``: the recipe's figures, each with what it draws.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from narwhal.experiments.aggregate import csv_text, point_rows, run_rows
+from narwhal.experiments.backends import execute
+from narwhal.experiments.plan import Plan, build_plan
+from narwhal.experiments.spec import SweepSpec
+from narwhal.experiments.worker import ERROR_PREFIX, METRIC_FIELDS, RunOutcome
+
+
+@dataclass
+class SweepResult:
+    spec: SweepSpec
+    plan: Plan
+    outcomes: list[RunOutcome]
+    run_fields: list[str]
+    runs: list[dict[str, Any]]
+    point_fields: list[str]
+    points: list[dict[str, Any]]
+    quick: bool = False
+
+    @property
+    def wall_s(self) -> float:
+        """CPU-side wall time summed over runs (informational only)."""
+        return sum(o.wall_s for o in self.outcomes)
+
+    @property
+    def requests(self) -> int:
+        return sum(int(o.metrics["requests"]) for o in self.outcomes)
+
+
+def prepare(spec: SweepSpec, *, seed: int | None = None, quick: bool = False) -> Plan:
+    """The plan for ``spec`` after ``--quick`` and ``--seed``."""
+    spec = spec.with_seed(seed)
+    if quick:
+        spec = spec.quick_version()
+    samples = False
+    if spec.sweep.recipe is not None:
+        from narwhal.experiments.figures import load_recipe
+
+        samples = load_recipe(spec.sweep.recipe).needs_samples
+    return build_plan(spec, samples=samples)
+
+
+def run_sweep(
+    spec: SweepSpec,
+    *,
+    seed: int | None = None,
+    quick: bool = False,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    progress: bool = False,
+) -> SweepResult:
+    """Plan and run a sweep; nothing is written."""
+    plan = prepare(spec, seed=seed, quick=quick)
+    outcomes = execute(
+        plan.tasks,
+        workers=workers,
+        ray_address=ray_address,
+        progress=progress,
+        desc=plan.spec.sweep.name,
+    )
+    run_fields, runs = run_rows(plan, outcomes)
+    point_fields, points = point_rows(plan, runs)
+    return SweepResult(plan.spec, plan, outcomes, run_fields, runs, point_fields, points, quick)
+
+
+def _cell(text: str) -> Any:
+    if text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def redraw(
+    spec: SweepSpec, out: Path, *, seed: int | None = None, quick: bool = False
+) -> SweepResult:
+    """Rebuild a finished sweep from ``out/runs.csv`` (no simulation), to redraw its figures.
+
+    The CSV must be this spec's (same runs, same seeds); recipes that need per-request samples
+    (``retries``) cannot be redrawn this way."""
+    plan = prepare(spec, seed=seed, quick=quick)
+    path = out / "runs.csv"
+    if any(task.samples for task in plan.tasks):
+        raise ValueError(f"the {plan.spec.sweep.recipe} recipe needs per-request samples; re-run")
+    try:
+        with path.open(encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    seeds = [int(row.get("seed") or -1) for row in rows]
+    if seeds != [task.seed for task in plan.tasks]:
+        raise ValueError(f"{path} is not this sweep's (its runs or seeds differ)")
+    known = set(METRIC_FIELDS)
+    outcomes = [
+        RunOutcome(
+            task.index,
+            {k: _cell(v) for k, v in row.items() if k in known or k.startswith(ERROR_PREFIX)},
+            None,
+            0.0,
+        )
+        for task, row in zip(plan.tasks, rows, strict=True)
+    ]
+    run_fields, runs = run_rows(plan, outcomes)
+    point_fields, points = point_rows(plan, runs)
+    return SweepResult(plan.spec, plan, outcomes, run_fields, runs, point_fields, points, quick)
+
+
+def describe(result: SweepResult) -> dict[str, Any]:
+    spec = result.spec
+    return {
+        "name": spec.sweep.name,
+        "spec": spec.source,
+        "quick": result.quick,
+        "sweep": spec.sweep.model_dump(),
+        "base": spec.base,
+        "grid": spec.grid,
+        "cases": [c.model_dump() for c in spec.cases],
+        "goodput": spec.goodput.model_dump() if spec.goodput is not None else None,
+        "figure": spec.figure,
+        "points": len(result.plan.points),
+        "runs": len(result.plan.tasks),
+        "simulated_requests": result.requests,
+    }
+
+
+def write_sweep(result: SweepResult, out: Path, *, figures: bool = True) -> list[Path]:
+    """Write every result file into ``out``; returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fields, rows in (
+        ("runs.csv", result.run_fields, result.runs),
+        ("points.csv", result.point_fields, result.points),
+    ):
+        (out / name).write_text(csv_text(fields, rows), "utf-8")
+        written.append(out / name)
+    meta = json.dumps(describe(result), indent=2, sort_keys=True, default=str) + "\n"
+    (out / "sweep.json").write_text(meta, "utf-8")
+    written.append(out / "sweep.json")
+    recipe_name = result.spec.sweep.recipe
+    if figures and recipe_name is not None:
+        from narwhal.experiments.figures import load_recipe, recipe_options
+
+        recipe = load_recipe(recipe_name)
+        written += recipe.draw(result, recipe_options(result.spec), out)
+    return written

@@ -1,0 +1,93 @@
+"""One run of a sweep: simulate a scenario and reduce it to a row of metrics.
+
+Rule kept here: :func:`run_task` is a top-level function of a picklable :class:`RunTask` whose
+result depends on the task alone (the scenario mapping and the seed). It is what every backend
+calls, in this process, in a spawned process or in a Ray worker; nothing in it reads global
+state, the clock (wall time is reported beside the result, never inside the metrics) or files.
+
+Theory of operation: the task's scenario mapping is parsed by the simulator, run with the
+task's seed, and summarised by :func:`narwhal.sim.results.summarize` (DistServe SLO
+attainment). The row keeps the numbers sweeps compare: success, ``first_byte_s`` (the client's
+time to first token) and TPOT percentiles, attainment, retries, ejections, and one
+``errors.<class>`` count per error class seen. With ``task.samples`` the sorted
+``first_byte_s`` of every successful request comes back too, for CDFs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from narwhal.experiments.plan import RunTask
+
+METRIC_FIELDS = (
+    "requests",
+    "succeeded",
+    "success_pct",
+    "offered_rps",
+    "first_byte_p50_s",
+    "first_byte_p99_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "slo_attainment_pct",
+    "on_time_rps",
+    "retried_requests",
+    "ejections",
+    "preemptions",
+    "fault_windows",
+    "sim_time_s",
+)
+ERROR_PREFIX = "errors."
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What one run produced; ``wall_s`` is informational and never written to results."""
+
+    task: int
+    metrics: dict[str, Any]
+    first_bytes: tuple[float, ...] | None
+    wall_s: float
+
+
+def run_task(task: RunTask) -> RunOutcome:
+    """Simulate one task (the entry point every backend calls)."""
+    from narwhal.sim.results import record_rows, summarize
+    from narwhal.sim.runner import run
+    from narwhal.sim.scenario import parse_scenario
+
+    scenario = parse_scenario(task.scenario, f"run {task.index}")
+    result = run(scenario, task.seed)
+    rows = record_rows(result)
+    summary = summarize(result, rows)
+    metrics: dict[str, Any] = {
+        "requests": summary["requests"],
+        "succeeded": summary["succeeded"],
+        "success_pct": summary["success_pct"],
+        "offered_rps": summary["offered_rps"],
+        "first_byte_p50_s": summary["first_byte_s"]["p50"],
+        "first_byte_p99_s": summary["first_byte_s"]["p99"],
+        "ttft_p99_s": summary["ttft_s"]["p99"],
+        "tpot_p50_s": summary["tpot_s"]["p50"],
+        "tpot_p99_s": summary["tpot_s"]["p99"],
+        "slo_attainment_pct": summary["slo_attainment_pct"],
+        "on_time_rps": summary["on_time_rps"],
+        "retried_requests": summary["retried_requests"],
+        "ejections": summary["ejections"],
+        "preemptions": summary["preemptions"],
+        "fault_windows": summary["fault_windows"],
+        "sim_time_s": summary["sim_time_s"],
+    }
+    for kind, count in summary["errors_by_class"].items():
+        metrics[f"{ERROR_PREFIX}{kind}"] = count
+    first_bytes = None
+    if task.samples:
+        first_bytes = tuple(
+            sorted(
+                r["first_byte_s"]
+                for r in rows
+                if r["status"] == 200 and r["first_byte_s"] is not None
+            )
+        )
+    return RunOutcome(task.index, metrics, first_bytes, result.wall_s)

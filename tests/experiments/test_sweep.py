@@ -1,0 +1,124 @@
+"""Sweeps write the promised files, and give identical results in this process, over local
+processes and over Ray."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from narwhal.cli import main
+from narwhal.experiments.spec import load_spec
+from narwhal.experiments.sweep import SweepResult, run_sweep, write_sweep
+from narwhal.experiments.worker import METRIC_FIELDS
+from tests.experiments.conftest import EXPERIMENTS
+
+RECIPE_FILES = {
+    "tuning": ["tuning"],
+    "retries": ["retries_cdf", "retries_errors"],
+    "capacity": ["capacity"],
+}
+FIGURE_COLUMNS = {
+    "tuning": {"recovery.eject_after", "recovery.failure_quarantine_s", "success_pct",
+               "first_byte_p99_s", "goodput_rps", "recommended"},
+    "retries_cdf": {"setting", "fraction_of_requests", "first_byte_s"},
+    "retries_errors": {"setting", "error_class", "requests_pct"},
+    "capacity": {"fleet_size", "pd_ratio", "prefill", "decode", "offered_rps",
+                 "slo_attainment_pct", "goodput_rps", "goodput_per_engine"},
+}  # fmt: skip
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.parametrize("name", sorted(RECIPE_FILES))
+def test_quick_recipe_writes_csv_and_png(name: str, tmp_path: Path) -> None:
+    out = tmp_path / name
+    code = main(["sweep", str(EXPERIMENTS / f"{name}.toml"), "--quick", "--workers", "0",
+                 "--no-progress", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    runs, points = _read(out / "runs.csv"), _read(out / "points.csv")
+    meta = json.loads((out / "sweep.json").read_text("utf-8"))
+    assert meta["quick"] is True and meta["runs"] == len(runs)
+    spec = load_spec(EXPERIMENTS / f"{name}.toml").quick_version()
+    axes = [*spec.grid, *(["case"] if spec.cases else [])]
+    expected = {"point", "replicate", "seed", *axes, "prefill", "decode", *METRIC_FIELDS}
+    assert expected <= set(runs[0])
+    assert {"point", *axes, "replicates", "success_pct", "first_byte_p99_s"} <= set(points[0])
+    assert len(points) == len(spec.cases or [None]) * math.prod(len(v) for v in spec.grid.values())
+    if spec.goodput is not None:
+        assert {"rate_multiplier"} <= set(runs[0])
+        assert {"goodput_rps", "goodput_per_engine", "goodput_bound"} <= set(points[0])
+    assert all(float(r["requests"]) > 0 for r in runs)
+    for stem in RECIPE_FILES[name]:
+        png = out / f"{stem}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        rows = _read(out / f"{stem}.csv")
+        assert rows and FIGURE_COLUMNS[stem] <= set(rows[0])
+    if name == "tuning":
+        assert sum(r["recommended"] == "True" for r in _read(out / "tuning.csv")) == 1
+
+
+def _files(result: SweepResult, out: Path) -> dict[str, bytes]:
+    write_sweep(result, out)
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def test_processes_give_the_same_results_as_in_process(tiny_spec: Path, tmp_path: Path) -> None:
+    spec = load_spec(tiny_spec)
+    here = run_sweep(spec, workers=0)
+    pool = run_sweep(spec, workers=2)
+    assert [o.metrics for o in here.outcomes] == [o.metrics for o in pool.outcomes]
+    assert here.runs == pool.runs and here.points == pool.points
+    assert len({r["seed"] for r in here.runs}) == 8  # 4 points x 2 replicates, by point
+    assert _files(here, tmp_path / "a") == _files(pool, tmp_path / "b")  # PNG bytes too
+    other = run_sweep(spec, workers=0, seed=8)
+    assert other.runs != here.runs
+
+
+@pytest.mark.slow  # starting a local Ray takes 10-30 s
+def test_ray_gives_the_same_results_as_local_processes(tiny_spec: Path) -> None:
+    pytest.importorskip(
+        "ray", reason="ray is not installed (optional extra: pip install -e '.[ray]')"
+    )
+    spec = load_spec(tiny_spec)
+    local = run_sweep(spec, workers=2)
+    on_ray = run_sweep(spec, ray_address="local", workers=2)
+    assert [o.metrics for o in on_ray.outcomes] == [o.metrics for o in local.outcomes]
+    assert on_ray.runs == local.runs and on_ray.points == local.points
+
+
+def test_cli_check_prints_the_plan(tiny_spec: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sweep", str(tiny_spec), "--check"]) == 0
+    captured = capsys.readouterr()
+    assert "4 points x 2 replicates = 16 runs (seed 7)" in captured.err
+    assert "point 3: eject_after=3, failure_quarantine_s=2.0" in captured.out
+
+
+def test_ray_missing_is_a_clear_error(
+    tiny_spec: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    code = main(["sweep", str(tiny_spec), "--ray", "local", "--no-progress",
+                 "--out", str(tiny_spec.parent / "out")])  # fmt: skip
+    assert code == 1
+    assert "pip install 'narwhal[ray]'" in capsys.readouterr().err
+
+
+def test_redraw_rebuilds_the_same_files_from_runs_csv(tmp_path: Path) -> None:
+    spec_path = str(EXPERIMENTS / "tuning.toml")
+    out = tmp_path / "tuning"
+    args = ["sweep", spec_path, "--quick", "--workers", "0", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    before = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    (out / "tuning.png").unlink()
+    assert main([*args, "--redraw"]) == 0
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before
+    assert main([*args, "--redraw", "--seed", "1"]) == 2  # other seeds: not this sweep's CSV
