@@ -142,19 +142,34 @@ class NarwhalConfig(_Strict):
         raise KeyError(url)
 
 
-def _format(error: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
+UNKNOWN_KEY = "unknown key (check the spelling against the configuration reference)"
+
+
+def key_path(loc: tuple[int | str, ...], prefix: str = "") -> str:
+    """A pydantic error location as a dotted key path: ``engines[1].role``."""
+    path = prefix
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(top level)"
+
+
+def validation_problems(
+    error: ValidationError, *, prefix: str = "", unknown_key: str = UNKNOWN_KEY
+) -> list[str]:
+    """One ``  key: reason`` line per problem, for every TOML-backed model of Narwhal."""
+    lines = []
     for item in error.errors():
-        path = ""
-        for part in item["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
         reason = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            reason = "unknown key (check the spelling against the configuration reference)"
+            reason = unknown_key
         elif item["type"] == "missing":
             reason = "required key is missing"
-        lines.append(f"  {path or '(top level)'}: {reason}")
-    return "\n".join(lines)
+        lines.append(f"  {key_path(item['loc'], prefix)}: {reason}")
+    return lines
+
+
+def _format(error: ValidationError, source: str) -> str:
+    return "\n".join([f"invalid configuration in {source}:", *validation_problems(error)])
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> NarwhalConfig:

@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from narwhal.core.config import validation_problems
 from narwhal.experiments.overrides import check_key, flatten
 
 SPEC_SECTIONS = ("sweep", "base", "grid", "cases", "goodput", "figure", "quick")
@@ -162,23 +163,10 @@ class SweepSpec(_Strict):
         )
 
 
-def _path(loc: tuple[int | str, ...], prefix: str = "") -> str:
-    path = prefix
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "(top level)"
-
-
 def _format(error: ValidationError, prefix: str = "") -> list[str]:
-    lines = []
-    for item in error.errors():
-        reason = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            reason = "unknown key (see docs/experiments.md)"
-        elif item["type"] == "missing":
-            reason = "required key is missing"
-        lines.append(f"  {_path(item['loc'], prefix)}: {reason}")
-    return lines
+    return validation_problems(
+        error, prefix=prefix, unknown_key="unknown key (see docs/experiments.md)"
+    )
 
 
 def _canonical(value: Any) -> str:

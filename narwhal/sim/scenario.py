@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from narwhal.core.config import ConfigError, NarwhalConfig, parse_config
+from narwhal.core.config import ConfigError, NarwhalConfig, parse_config, validation_problems
 from narwhal.sim.engine import EngineParams
 from narwhal.sim.faults import FaultSpec
 from narwhal.sim.timing import (
@@ -167,18 +167,11 @@ class Scenario(_Strict):
 
 
 def _format(error: ValidationError, source: str, prefix: str = "") -> list[str]:
-    lines = []
-    for item in error.errors():
-        path = prefix
-        for part in item["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        reason = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            reason = "unknown key (check the spelling against docs/simulator.md)"
-        elif item["type"] == "missing":
-            reason = "required key is missing"
-        lines.append(f"  {path or '(top level)'}: {reason}")
-    return lines
+    return validation_problems(
+        error,
+        prefix=prefix,
+        unknown_key="unknown key (check the spelling against docs/simulator.md)",
+    )
 
 
 def _fleet_engines(fleet: FleetSettings) -> list[dict[str, str]]:
