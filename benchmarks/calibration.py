@@ -7,16 +7,19 @@ producer/consumer pair of the CPU vLLM (``narwhal.vllm.engines``, ``.venv-vllm``
 at the end. Then:
 
 1. ``narwhal serve`` in front of the pair (its own process group, 127.0.0.1, stopped at the end);
-2. calibrate the pair (:func:`narwhal.vllm.calibrate.calibrate_engine`, what ``narwhal calibrate
-   --engine P --decode-engine D`` runs);
-3. the workload, live, ``--runs`` times: ``--requests`` streamed completions with Poisson arrivals
-   at ``--rate`` (seeded), prompts drawn from ``--lengths`` tokens, ``--tokens`` output tokens,
-   each prompt unique (no prefix-cache hits); client-side TTFT (request sent to first token) and
-   TPOT ((last token - first token) / (tokens - 1));
-4. the same arrivals through the simulator (a trace file of the arrivals, ``timing = "linear"``
-   with the calibrated parameters): the router's ``first_byte_s`` and ``tpot_s``;
-5. a table of p50/p99 per run and simulated, and the simulation's error at p50 against each run
-   and against the mean of the runs; the machine's load average during each run.
+2. ``--runs`` rounds, each: calibrate the pair (:func:`narwhal.vllm.calibrate.calibrate_engine`,
+   what ``narwhal calibrate --engine P --decode-engine D`` runs), then the workload live:
+   ``--requests`` streamed completions with Poisson arrivals at ``--rate`` (seeded; the same
+   arrivals every round), prompts drawn from ``--lengths`` tokens, ``--tokens`` output tokens,
+   each prompt unique (no prefix-cache hits); client-side TTFT (request sent to first token)
+   and TPOT ((last token - first token) / (tokens - 1));
+3. the same arrivals through the simulator (a trace file of the arrivals, ``timing = "linear"``
+   with the round's calibrated parameters): the router's ``first_byte_s`` and ``tpot_s``; and
+   once more with a fit of all rounds' samples together ("pooled"), compared with all rounds'
+   requests together;
+4. a table of live and simulated p50/p99 and the simulation's error, per round and pooled, and
+   the machine's load average in each round (calibrating next to each live run lets both see
+   the same load on a shared machine).
 
 Writes everything (samples, fit, per-request figures) as JSON under ``--out``.
 """
@@ -29,7 +32,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,6 +55,7 @@ from narwhal.vllm.calibrate import (  # noqa: E402
     calibrate_engine,
     engine_json,
     engine_report,
+    fit_engine,
 )
 from narwhal.vllm.engines import (  # noqa: E402
     MODEL_NAME,
@@ -188,6 +191,7 @@ async def live_run(url: str, arrivals: list[tuple[float, int, int]]) -> list[dic
 def sim_run(
     arrivals: list[tuple[float, int, int]], cal: EngineCalibration, folder: Path, seed: int
 ) -> list[dict[str, Any]]:
+    folder.mkdir(parents=True, exist_ok=True)
     trace = folder / "arrivals.jsonl"
     trace.write_text(
         "".join(
@@ -236,13 +240,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--producer", help="producer URL (default: start a pair)")
     parser.add_argument("--consumer", help="consumer URL")
-    parser.add_argument("--runs", type=int, default=2, help="live runs of the workload")
+    parser.add_argument(
+        "--runs", type=int, default=2, help="rounds of (calibrate, then the workload live)"
+    )
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--rate", type=float, default=1.0, help="requests per second (Poisson)")
     parser.add_argument("--lengths", default="64,256,512,1024", help="prompt tokens, drawn")
     parser.add_argument("--tokens", type=int, default=32, help="output tokens per request")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3, help="calibration repeats per point")
+    parser.add_argument("--repeats", type=int, default=5, help="calibration repeats per point")
     parser.add_argument("--statistic", choices=["median", "min"], default="median")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm")
@@ -251,6 +257,7 @@ def main() -> int:
     arrivals = workload(args.requests, args.rate, lengths, args.tokens, args.seed)
     folder = Path(tempfile.mkdtemp(prefix="narwhal-calibration-"))
     engines = []
+    rounds: list[dict[str, Any]] = []
     try:
         if args.producer and args.consumer:
             producer, consumer = args.producer.rstrip("/"), args.consumer.rstrip("/")
@@ -265,83 +272,94 @@ def main() -> int:
             producer, consumer = engines[0].url, engines[1].url
         config = folder / "narwhal.toml"
         config.write_text(config_text(producer, consumer))
-        print(f"calibrating {producer} -> {consumer} ...", flush=True)
-        load_cal = os.getloadavg()[0]
-        cal = calibrate_engine(
-            producer, consumer, model=MODEL_NAME, repeats=args.repeats, seed=args.seed,
-            statistic=args.statistic,
-        )  # fmt: skip
-        print(engine_report(cal), flush=True)
-        live: list[list[dict[str, Any]]] = []
-        loads: list[tuple[float, float]] = []
         with narwhal_serve(config, folder / "narwhal.log") as url:
             for index in range(args.runs):
-                before = os.getloadavg()[0]
+                print(f"round {index + 1}: calibrating {producer} -> {consumer} ...", flush=True)
+                load = os.getloadavg()[0]
+                cal = calibrate_engine(
+                    producer, consumer, model=MODEL_NAME, repeats=args.repeats,
+                    seed=args.seed + index, statistic=args.statistic,
+                )  # fmt: skip
+                print(engine_report(cal), flush=True)
                 started = time.monotonic()
                 records = asyncio.run(live_run(url, arrivals))
-                loads.append((before, os.getloadavg()[0]))
+                rounds.append(
+                    {"calibration": cal, "live": records, "load": (load, os.getloadavg()[0])}
+                )
                 failed = sum(not r["ok"] for r in records)
                 print(
-                    f"live run {index + 1}: {len(records)} requests in "
-                    f"{time.monotonic() - started:.0f} s, {failed} failed, load average "
-                    f"{before:.1f} -> {loads[-1][1]:.1f}",
+                    f"round {index + 1}: live, {len(records)} requests in "
+                    f"{time.monotonic() - started:.0f} s, {failed} failed; load average "
+                    f"{load:.1f} (calibration start) -> {os.getloadavg()[0]:.1f} (live end)",
                     flush=True,
                 )
-                live.append(records)
-        sim_rows = sim_run(arrivals, cal, folder, args.seed)
+        for index, item in enumerate(rounds):
+            item["sim"] = sim_run(arrivals, item["calibration"], folder / f"r{index}", args.seed)
+        first: EngineCalibration = rounds[0]["calibration"]
+        pooled = fit_engine(
+            first.engine, first.decode_engine, first.model,
+            [p for r in rounds for p in r["calibration"].prefill],
+            [s for r in rounds for s in r["calibration"].steps],
+            [h for r in rounds for h in r["calibration"].handoffs],
+            args.statistic,
+        )  # fmt: skip
+        pooled_sim = sim_run(arrivals, pooled, folder / "pooled", args.seed)
     finally:
         stop_all(engines)
 
-    sim_ok = [r for r in sim_rows if r["status"] == 200]
-    columns: list[tuple[str, dict[str, list[float]]]] = []
-    for index, records in enumerate(live):
+    def live_values(records: list[dict[str, Any]]) -> dict[str, list[float]]:
         ok = [r for r in records if r["ok"]]
-        columns.append(
-            (
-                f"live {index + 1}",
-                {
-                    "ttft": [r["ttft_s"] for r in ok],
-                    "tpot": [r["tpot_s"] for r in ok if r["tpot_s"] is not None],
-                },
-            )
-        )
-    sim_values = {
-        "ttft": [r["first_byte_s"] for r in sim_ok if r["first_byte_s"] is not None],
-        "tpot": [r["tpot_s"] for r in sim_ok if r["tpot_s"] is not None],
-    }
-    header = f"{'metric':<10}" + "".join(f"{name:>10}" for name, _ in columns)
-    header += f"{'sim':>10}" + "".join(f"{'err ' + name[5:]:>9}" for name, _ in columns)
-    header += f"{'err mean':>10}"
-    lines = [header]
+        return {
+            "ttft": [r["ttft_s"] for r in ok],
+            "tpot": [r["tpot_s"] for r in ok if r["tpot_s"] is not None],
+        }
+
+    def sim_values(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+        ok = [r for r in rows if r["status"] == 200]
+        return {
+            "ttft": [r["first_byte_s"] for r in ok if r["first_byte_s"] is not None],
+            "tpot": [r["tpot_s"] for r in ok if r["tpot_s"] is not None],
+        }
+
+    columns = [
+        (f"round {i + 1}", live_values(r["live"]), sim_values(r["sim"]))
+        for i, r in enumerate(rounds)
+    ]
+    pooled_live: dict[str, list[float]] = {"ttft": [], "tpot": []}
+    for _, values, _ in columns:
+        for key in pooled_live:
+            pooled_live[key] += values[key]
+    columns.append(("pooled", pooled_live, sim_values(pooled_sim)))
+    lines = [f"{'':<10}" + "".join(f"{name:>28}" for name, _, _ in columns)]
+    lines.append(f"{'':<10}" + f"{'live':>10}{'sim':>9}{'error':>9}" * len(columns))
     table: dict[str, Any] = {}
     for metric in ("ttft", "tpot"):
         for q in (50, 99):
-            measured = [pct(values[metric], q) for _, values in columns]
-            simulated = pct(sim_values[metric], q)
-            errors = [(simulated - m) / m for m in measured]
-            mean_error = (simulated - statistics.fmean(measured)) / statistics.fmean(measured)
             name = f"{metric} p{q}"
-            table[name] = {
-                "live_s": measured,
-                "sim_s": simulated,
-                "errors": errors,
-                "error_vs_mean": mean_error,
-            }
-            lines.append(
-                f"{name:<10}"
-                + "".join(f"{m * 1e3:>8.1f}ms" for m in measured)
-                + f"{simulated * 1e3:>8.1f}ms"
-                + "".join(f"{e:>+9.1%}" for e in errors)
-                + f"{mean_error:>+10.1%}"
-            )
+            cells = ""
+            for column, live_v, sim_v in columns:
+                measured, simulated = pct(live_v[metric], q), pct(sim_v[metric], q)
+                error = (simulated - measured) / measured
+                table.setdefault(name, {})[column] = {
+                    "live_s": measured,
+                    "sim_s": simulated,
+                    "error": error,
+                }
+                cells += f"{measured * 1e3:>8.1f}ms{simulated * 1e3:>7.1f}ms{error:>+9.1%}"
+            lines.append(f"{name:<10}{cells}")
     print(
         f"\nworkload: {args.requests} streamed completions, Poisson {args.rate}/s (seed "
         f"{args.seed}), prompts {args.lengths} tokens, {args.tokens} output tokens; "
-        f"{os.cpu_count()} cores, load average {load_cal:.1f} at calibration"
+        f"{os.cpu_count()} cores; load average per round "
+        + ", ".join(f"{r['load'][0]:.1f}->{r['load'][1]:.1f}" for r in rounds)
     )
     print("\n".join(lines))
-    print("(err = (sim - live) / live; TTFT live is client-side through narwhal serve, sim is "
-          "the router's first_byte_s)")  # fmt: skip
+    print(
+        "(error = (sim - live) / live; each round's sim uses that round's calibration, "
+        "'pooled' fits all rounds' samples and compares with all rounds' requests; live TTFT "
+        "is client-side through narwhal serve, sim TTFT the router's first_byte_s)"
+    )
+    print(engine_report(pooled).splitlines()[-1].replace("fit error", "pooled fit error"))
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = args.out / f"calibration-{stamp}.json"
@@ -350,10 +368,8 @@ def main() -> int:
             {
                 "args": {k: str(v) for k, v in vars(args).items()},
                 "arrivals": arrivals,
-                "calibration": engine_json(cal),
-                "loads": loads,
-                "live": live,
-                "sim": sim_rows,
+                "rounds": [{**r, "calibration": engine_json(r["calibration"])} for r in rounds],
+                "pooled": {"calibration": engine_json(pooled), "sim": pooled_sim},
                 "table": table,
             },
             indent=1,

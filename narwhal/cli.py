@@ -12,7 +12,12 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES = ("narwhal.sim.commands", "narwhal.live.commands", "narwhal.experiments_cli")
+COMMAND_MODULES = (
+    "narwhal.sim.commands",
+    "narwhal.live.commands",
+    "narwhal.experiments_cli",
+    "narwhal.vllm.commands",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

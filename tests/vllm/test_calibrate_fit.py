@@ -1,0 +1,98 @@
+"""(default run, no vLLM) ``narwhal calibrate``'s fit on synthetic measurements, its ``[fleet]``
+snippet in the simulator, and the linear timing's batch and KV-setup terms."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+
+import pytest
+
+from narwhal.cli import build_parser
+from narwhal.sim.runner import run
+from narwhal.sim.scenario import parse_scenario
+from narwhal.sim.timing import LinearStepTiming
+from narwhal.vllm.calibrate import (
+    PrefillSample,
+    Sample,
+    StepSample,
+    engine_report,
+    fit_engine,
+    steady_step_s,
+)
+
+D, S, A, OVH, K, SETUP = 0.005, 0.0004, 0.0003, 0.02, 0.00002, 0.06
+
+
+def synthetic() -> tuple[list[PrefillSample], list[StepSample], list[Sample]]:
+    prefill, handoffs = [], []
+    for n in (17, 129, 385, 769):
+        for noise in (1.0, 1.3, 0.99):  # the median of three repeats is the 1.0 one
+            prefill.append(PrefillSample(n, (OVH + A * n + D) * noise))
+            handoffs.append(Sample(n, (OVH + A * n + D) * noise, (SETUP + K * n + D) * noise, D))
+    steps = [
+        StepSample(b, (D + S * (b - 1)) * noise) for b in (1, 2, 4, 8) for noise in (1, 1.5, 1)
+    ]
+    return prefill, steps, handoffs
+
+
+def test_fit_recovers_the_parameters() -> None:
+    prefill, steps, handoffs = synthetic()
+    fit = fit_engine("http://p", "http://d", "m", prefill, steps, handoffs)
+    expected = {"overhead_s": OVH, "prefill_s_per_token": A, "decode_s_per_token": D,
+                "decode_s_per_seq": S, "kv_s_per_token": K, "kv_setup_s": SETUP}  # fmt: skip
+    for name, value in expected.items():
+        assert fit.parameters()[name] == pytest.approx(value, rel=1e-6), name
+    assert fit.fit_error()["all"] == pytest.approx(0.0, abs=1e-9)
+    assert "fit error (mean |relative|): " in engine_report(fit)
+    fastest = fit_engine("http://p", "http://d", "m", prefill, steps, handoffs, "min")
+    assert fastest.decode_s_per_token == pytest.approx(D)
+
+
+def test_single_engine_has_no_kv_term_and_errors_are_reported() -> None:
+    prefill, steps, _ = synthetic()
+    steps.append(StepSample(16, 0.02))  # off the line
+    fit = fit_engine("http://e", "http://e", "m", prefill, steps, [])
+    assert fit.kv_s_per_token == 0 and fit.kv_setup_s == 0
+    assert set(fit.fit_error()) == {"prefill", "step", "all"}
+    assert fit.fit_error()["step"] > 0
+    assert "both = 1" in fit.toml()
+
+
+def test_steady_window() -> None:
+    # stream a: a token every 10 ms from t=0; stream b joins at 0.1 s: steps slow to 20 ms
+    a = [(i * 0.01, i + 1) for i in range(10)] + [(0.09 + j * 0.02, 11 + j) for j in range(1, 20)]
+    b = [(0.1 + j * 0.02, 1 + j) for j in range(20)]
+    assert steady_step_s([a, b]) == pytest.approx(0.02)
+    assert steady_step_s([a[:10]]) == pytest.approx(0.01)
+
+
+def test_snippet_runs_in_the_simulator() -> None:
+    prefill, steps, handoffs = synthetic()
+    fit = fit_engine("http://p", "http://d", "m", prefill, steps, handoffs)
+    text = fit.toml() + '\n[workload]\nkind = "fixed"\narrivals_s = [0.0]\nprompt_tokens = 385\n'
+    assert tomllib.loads(text)["fleet"]["timing"] == "linear"
+    result = run(parse_scenario(tomllib.loads(text)))
+    (record,) = result.records
+    assert record.status == 200 and record.first_byte_s is not None
+    # prefill leg (overhead + a * P + d), then the KV pull (setup + k * P), then one step
+    expected = (OVH + A * 385 + D) + (SETUP + K * 385) + D
+    assert record.first_byte_s == pytest.approx(expected, rel=0.05)
+
+
+def test_linear_timing_batch_term() -> None:
+    timing = LinearStepTiming(decode_s_per_token=D, decode_s_per_seq=S, overhead_s=OVH,
+                              prefill_s_per_token=A)  # fmt: skip
+    assert timing.batch_s(1, 0, 0, 0.0) == D
+    assert timing.batch_s(0, 10, 0, 0.0) == pytest.approx(D + OVH + A * 10)
+    assert timing.batch_s(5, 0, 0, 0.0) == pytest.approx(D + 4 * S)
+    assert math.isclose(LinearStepTiming(decode_s_per_token=D).batch_s(5, 0, 0, 0.0), D)
+
+
+def test_command_is_registered() -> None:
+    args = build_parser().parse_args(
+        ["calibrate", "--engine", "http://e", "--batches", "1,4", "--out", "f.toml"]
+    )
+    assert args.batches == [1, 4] and args.decode_engine is None and args.statistic == "median"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["calibrate", "--engine", "http://e", "--batches", "0"])
