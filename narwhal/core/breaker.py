@@ -104,8 +104,12 @@ class Breaker:
         return EngineState.READY
 
     def placeable(self, url: str, now: float) -> bool:
-        """True when the engine may receive client traffic now."""
-        return self.state(url, now) is EngineState.READY
+        """True when the engine may receive client traffic now (``state`` is READY)."""
+        engine = self._engines[url]
+        if engine.probing or engine.ejected_since is not None:
+            return False
+        until = engine.quarantined_until
+        return until is None or now >= until
 
     def epoch(self, url: str) -> int:
         return self._engines[url].epoch

@@ -131,34 +131,35 @@ async def stream_events(
     request_deadline: float,
 ) -> AsyncIterator[tuple[float, SseEvent]]:
     """Yield ``(now, event)`` for TOKEN, METADATA and the final DONE; raise LegFault otherwise."""
-    parser = SseParser()
+    feed = SseParser().feed
     got_token = False
     deadline = first_token_at
     while True:
         result = await transport.next_chunk(handle, deadline)
         now = clock.now()
-        if isinstance(result, TimedOut):
-            raise LegFault(
-                timeout_fault(
-                    consumer,
-                    deadline,
-                    request_deadline,
-                    got_token,
-                    first_token_timeout_s,
-                    decode_read_timeout_s,
+        if not isinstance(result, Chunk):  # checked first: nearly every read is a chunk
+            if isinstance(result, TimedOut):
+                raise LegFault(
+                    timeout_fault(
+                        consumer,
+                        deadline,
+                        request_deadline,
+                        got_token,
+                        first_token_timeout_s,
+                        decode_read_timeout_s,
+                    )
                 )
-            )
-        if isinstance(result, StreamEnd | ConnectFailed):
-            raise LegFault(
-                fault(
-                    FaultKind.CLOSED_BEFORE_DONE,
-                    "engine closed the stream before [DONE]",
-                    engine=consumer,
-                    phase="decode",
+            if isinstance(result, StreamEnd | ConnectFailed):
+                raise LegFault(
+                    fault(
+                        FaultKind.CLOSED_BEFORE_DONE,
+                        "engine closed the stream before [DONE]",
+                        engine=consumer,
+                        phase="decode",
+                    )
                 )
-            )
-        assert isinstance(result, Chunk)
-        for event in parser.feed(result.data):
+            assert isinstance(result, Chunk)
+        for event in feed(result.data):
             kind = event.kind
             if kind is EventKind.TOKEN:
                 got_token = True

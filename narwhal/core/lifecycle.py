@@ -344,7 +344,10 @@ class _Lifecycle:
                             for wire in pending_metadata:
                                 await self.sink.send(wire)
                     self.tokens += 1
-                    await self._forward(event.wire(), event.payload, assembler)
+                    if assembler is None:  # _forward, inlined: this runs once per chunk
+                        await self.sink.send(event.wire())
+                    elif event.payload is not None:
+                        assembler.add(event.payload)
                 elif event.kind is EventKind.METADATA:
                     if self.committed or assembler is not None:
                         await self._forward(event.wire(), event.payload, assembler)

@@ -57,11 +57,10 @@ class Placement:
         return role.produces if phase == "prefill" else role.consumes
 
     def candidates(self, phase: str, now: float) -> list[str]:
-        return [
-            url
-            for url in self._roles
-            if self.serves(url, phase) and self._breaker.placeable(url, now)
-        ]
+        placeable, roles = self._breaker.placeable, self._roles.items()
+        if phase == "prefill":  # what serves() says, inlined: this runs twice per attempt
+            return [url for url, role in roles if role.produces and placeable(url, now)]
+        return [url for url, role in roles if role.consumes and placeable(url, now)]
 
     def choose(self, phase: str, now: float, avoid: Collection[str] = ()) -> str | None:
         """The engine for ``phase``, or None when no engine of that role is eligible."""
@@ -69,8 +68,10 @@ class Placement:
         preferred = [url for url in candidates if url not in avoid] or candidates
         if not preferred:
             return None
-        least = min(self.counts[url][phase] for url in preferred)
-        tied = [url for url in preferred if self.counts[url][phase] == least]
+        counts = self.counts
+        loads = [counts[url][phase] for url in preferred]
+        least = min(loads)
+        tied = [url for url, load in zip(preferred, loads, strict=True) if load == least]
         return tied[0] if len(tied) == 1 else self._rng.choice(tied)
 
     def reserve(self, url: str, phase: str, now: float, request_id: str) -> Reservation:

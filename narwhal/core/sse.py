@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,11 @@ DEFAULT_ERROR_STATUS = 502
 _DONE = "[DONE]"
 _UTF8_BOM = b"\xef\xbb\xbf"
 _EOL = re.compile(r"\r\n|\r|\n")
+# json.loads(s) is the default decoder's scan from the first non-blank character plus a check
+# that only blanks follow; for data that starts with "{" and ends with "}" that is one scan.
+# (scan_once is set by JSONDecoder.__init__ and missing from the type stubs.)
+_SCAN: Any = json.JSONDecoder()
+_scan_once: Callable[[str, int], tuple[Any, int]] = _SCAN.scan_once
 # Chat delta fields whose non-empty value means the engine generated output.
 _DELTA_OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call")
 
@@ -101,12 +107,22 @@ class SseEvent:
 
 def classify(data: str) -> SseEvent:
     """Classify one event's data field (see :class:`EventKind`)."""
-    if data == _DONE or data.strip() == _DONE:
-        return SseEvent(EventKind.DONE, data)
-    try:
-        payload = json.loads(data)
-    except (ValueError, RecursionError):
-        return SseEvent(EventKind.MALFORMED, data)
+    if data[:1] == "{" and data[-1:] == "}":
+        # The common shape, a bare JSON object: it cannot be [DONE], and json.loads on it is
+        # exactly one scan from 0 that must end at len(data) (trailing "}" is not whitespace).
+        try:
+            payload, end = _scan_once(data, 0)
+        except (StopIteration, ValueError, RecursionError):
+            return SseEvent(EventKind.MALFORMED, data)
+        if end != len(data):
+            return SseEvent(EventKind.MALFORMED, data)
+    else:
+        if data == _DONE or data.strip() == _DONE:
+            return SseEvent(EventKind.DONE, data)
+        try:
+            payload = json.loads(data)
+        except (ValueError, RecursionError):
+            return SseEvent(EventKind.MALFORMED, data)
     if not isinstance(payload, dict):
         return SseEvent(EventKind.MALFORMED, data)
 
@@ -215,6 +231,26 @@ class SseParser:
         events: list[SseEvent] = []
         if not chunk:
             return events
+        if (
+            chunk.endswith(b"\n\n")
+            and not self._partial
+            and not self._data
+            and not self._skip_lf
+            and b"\r" not in chunk
+            and not (self._start and chunk.startswith(_UTF8_BOM))
+        ):
+            # Fast path, the usual shape: whole events of one "data: " line each, nothing held.
+            blocks = chunk[:-2].split(b"\n\n")
+            for block in blocks:
+                if not block.startswith(b"data: ") or b"\n" in block:
+                    break
+            else:
+                self._start = False
+                for block in blocks:
+                    events.append(classify(block[6:].decode("utf-8", errors="replace")))
+                if self._max_event_bytes is not None:
+                    self._check_size()
+                return events
         if self._skip_lf:
             self._skip_lf = False
             if chunk[0] == 0x0A:
