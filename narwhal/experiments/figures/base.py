@@ -15,6 +15,7 @@ replicates, quick or not, the command that redraws it) so a PNG found alone can 
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,27 @@ def trace_note(result: SweepResult) -> str | None:
     if workload.get("kind", "trace") == "trace" or "prompt" not in workload:
         return f"{workload.get('trace', 'azure2023_conv')}: {TRACE_CITATION}"
     return None
+
+
+def add_footer(
+    fig: Any,
+    result: SweepResult,
+    *,
+    width: int,
+    fontsize: float = 7,
+    lead: tuple[str, ...] = (),
+    line_height: float = 0.03,
+    top: float = 0.95,
+) -> None:
+    """The small print under every figure: ``lead`` notes, faults, trace and provenance."""
+    notes = [*lead, fault_note(result)]
+    trace = trace_note(result)
+    if trace:
+        notes.append(f"trace {trace}")
+    notes.append(provenance(result))
+    footer = "\n".join(textwrap.fill(n, width) for n in notes)
+    fig.text(0.01, 0.01, footer, fontsize=fontsize, va="bottom", ha="left", color="#333333")
+    fig.tight_layout(rect=(0, 0.03 + line_height * footer.count("\n"), 1, top))
 
 
 def fault_note(result: SweepResult) -> str:

@@ -18,7 +18,6 @@ goodput.
 
 from __future__ import annotations
 
-import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,12 +25,10 @@ from typing import TYPE_CHECKING, Any
 from narwhal.experiments.figures.base import (
     Options,
     Recipe,
-    fault_note,
-    provenance,
+    add_footer,
     pyplot,
     save_figure,
     short,
-    trace_note,
 )
 
 if TYPE_CHECKING:
@@ -166,14 +163,7 @@ def draw(result: SweepResult, options: CapacityOptions, out: Path) -> list[Path]
         f"TPOT {sim.get('slo_tpot_s', 0.1):g} s, with faults",
         fontsize=11,
     )
-    notes = [fault_note(result)]
-    trace = trace_note(result)
-    if trace:
-        notes.append(f"trace {trace}")
-    notes.append(provenance(result))
-    footer = "\n".join(textwrap.fill(n, 185) for n in notes)
-    fig.text(0.01, 0.01, footer, fontsize=7, va="bottom", ha="left", color="#333333")
-    fig.tight_layout(rect=(0, 0.03 + 0.03 * footer.count("\n"), 1, 0.95))
+    add_footer(fig, result, width=185)
     return save_figure(fig, out, "capacity", list(rows[0]) if rows else ["fleet_size"], rows)
 
 

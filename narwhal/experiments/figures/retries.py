@@ -25,11 +25,9 @@ from pydantic import Field
 from narwhal.experiments.figures.base import (
     Options,
     Recipe,
-    fault_note,
-    provenance,
+    add_footer,
     pyplot,
     save_figure,
-    trace_note,
 )
 from narwhal.experiments.worker import ERROR_PREFIX
 
@@ -98,7 +96,7 @@ def draw(result: SweepResult, options: RetriesOptions, out: Path) -> list[Path]:
     tail.set_ylabel("fraction of all requests still without a first byte (log)")
     tail.set_title("the tail: 1 - CDF; each curve ends at its failure share", fontsize=10)
     fig.suptitle(f"{result.spec.sweep.name}: time to first byte by retry setting", fontsize=11)
-    _footer(fig, result)
+    add_footer(fig, result, width=150, fontsize=6.5)
     files = save_figure(
         fig, out, "retries_cdf", ["setting", "fraction_of_requests", "first_byte_s"], cdf_rows
     )
@@ -157,7 +155,7 @@ def draw(result: SweepResult, options: RetriesOptions, out: Path) -> list[Path]:
     ax.tick_params(axis="x", labelsize=8.5)
     if classes:
         ax.legend(title="error class", fontsize=8, loc="upper right")
-    _footer(fig, result)
+    add_footer(fig, result, width=150, fontsize=6.5)
     files += save_figure(
         fig,
         out,
@@ -173,17 +171,6 @@ def draw(result: SweepResult, options: RetriesOptions, out: Path) -> list[Path]:
         error_rows,
     )
     return files
-
-
-def _footer(fig: Any, result: SweepResult) -> None:
-    notes = [fault_note(result)]
-    trace = trace_note(result)
-    if trace:
-        notes.append(f"trace {trace}")
-    notes.append(provenance(result))
-    footer = "\n".join(textwrap.fill(n, 150) for n in notes)
-    fig.text(0.01, 0.01, footer, fontsize=6.5, va="bottom", ha="left", color="#333333")
-    fig.tight_layout(rect=(0, 0.03 + 0.03 * footer.count("\n"), 1, 0.95))
 
 
 RECIPE = Recipe("retries", RetriesOptions, True, check, draw)

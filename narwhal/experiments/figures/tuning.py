@@ -19,7 +19,6 @@ colour maps run from worse (dark) to better (bright), so p99 uses the reversed m
 from __future__ import annotations
 
 import math
-import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,12 +27,10 @@ from pydantic import Field
 from narwhal.experiments.figures.base import (
     Options,
     Recipe,
-    fault_note,
-    provenance,
+    add_footer,
     pyplot,
     save_figure,
     short,
-    trace_note,
 )
 
 if TYPE_CHECKING:
@@ -223,14 +220,7 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
             else "Third panel: SLO attainment at the one rate swept (goodput not computed)."
         )
     )
-    notes = [rule, fault_note(result)]
-    trace = trace_note(result)
-    if trace:
-        notes.append(f"trace {trace}")
-    notes.append(provenance(result))
-    footer = "\n".join(textwrap.fill(n, 190) for n in notes)
-    fig.text(0.01, 0.01, footer, fontsize=7, va="bottom", ha="left", color="#333333")
-    fig.tight_layout(rect=(0, 0.03 + 0.028 * footer.count("\n"), 1, 0.94))
+    add_footer(fig, result, width=190, lead=(rule,), line_height=0.028, top=0.94)
     fields = [options.x, options.y, *[k for k in cells[0] if k not in (options.x, options.y)]]
     return save_figure(fig, out, "tuning", fields, cells)
 
