@@ -180,15 +180,23 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> NarwhalConfi
         raise ConfigError(_format(error, source)) from None
 
 
+def parse_toml(text: str, source: str, error: type[ValueError]) -> dict[str, Any]:
+    """TOML text as a mapping; a syntax error raises ``error`` naming ``source``."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as problem:
+        raise error(f"invalid TOML in {source}: {problem}") from None
+
+
+def read_toml(path: str | Path, what: str, error: type[ValueError]) -> dict[str, Any]:
+    """A TOML file (a configuration, scenario, sweep spec...) as a mapping, or ``error``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as problem:
+        raise error(f"cannot read {what} {path}: {problem.strerror or problem}") from None
+    return parse_toml(text, str(path), error)
+
+
 def load_config(path: str | Path) -> NarwhalConfig:
     """Read and validate a TOML configuration file."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"cannot read configuration {path}: {error.strerror or error}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"invalid TOML in {path}: {error}") from None
-    return parse_config(data, str(path))
+    return parse_config(read_toml(path, "configuration", ConfigError), str(path))

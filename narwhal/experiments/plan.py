@@ -22,11 +22,11 @@ import copy
 import hashlib
 import itertools
 import json
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from narwhal.core.config import parse_toml
 from narwhal.experiments.overrides import apply, engine_count, resolve, scale_rate
 from narwhal.experiments.spec import Case, SpecError, SweepSpec
 from narwhal.sim.scenario import ScenarioError, default_scenario_text, parse_scenario
@@ -96,10 +96,7 @@ def base_scenario(spec: SweepSpec) -> dict[str, Any]:
                 f"invalid sweep spec in {spec.source}:\n"
                 f"  sweep.scenario: cannot read {path}: {error.strerror or error}"
             ) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise SpecError(f"invalid TOML in {where}: {error}") from None
+    data = parse_toml(text, where, SpecError)
     try:
         return apply(data, spec.base)
     except ValueError as error:

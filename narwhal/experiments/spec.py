@@ -31,13 +31,12 @@ Besides scenario keys, overrides may use derived keys (:mod:`narwhal.experiments
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from narwhal.core.config import validation_problems
+from narwhal.core.config import read_toml, validation_problems
 from narwhal.experiments.overrides import check_key, flatten
 
 SPEC_SECTIONS = ("sweep", "base", "grid", "cases", "goodput", "figure", "quick")
@@ -277,12 +276,4 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>") -> SweepSpec:
 
 def load_spec(path: str | Path) -> SweepSpec:
     """Read and validate a sweep spec file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise SpecError(f"cannot read sweep spec {path}: {error.strerror or error}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise SpecError(f"invalid TOML in {path}: {error}") from None
-    return parse_spec(data, str(path))
+    return parse_spec(read_toml(path, "sweep spec", SpecError), str(path))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import simpy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -55,19 +55,8 @@ FaultKindName = Literal[
     "release_handoff",
     "bad_descriptor",
 ]
-REQUEST_FAULTS = frozenset(
-    {
-        "stall",
-        "early_done",
-        "inband_error",
-        "disconnect",
-        "http_5xx",
-        "refused",
-        "kv_transfer_fail",
-        "release_handoff",
-        "bad_descriptor",
-    }
-)
+ENGINE_FAULTS = frozenset({"crash", "hang", "slow"})  # switch the whole engine
+REQUEST_FAULTS = frozenset(get_args(FaultKindName)) - ENGINE_FAULTS  # act per request
 
 
 class FaultSpec(BaseModel):

@@ -16,14 +16,20 @@ used as given.
 
 from __future__ import annotations
 
-import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from narwhal.core.config import ConfigError, NarwhalConfig, parse_config, validation_problems
+from narwhal.core.config import (
+    ConfigError,
+    NarwhalConfig,
+    parse_config,
+    parse_toml,
+    read_toml,
+    validation_problems,
+)
 from narwhal.sim.engine import EngineParams
 from narwhal.sim.faults import FaultSpec
 from narwhal.sim.timing import (
@@ -249,17 +255,11 @@ def default_scenario_text() -> str:
 def load_scenario(path: str | Path | None = None) -> Scenario:
     """Read a scenario file; ``None`` reads the embedded default."""
     if path is None:
-        text, source = default_scenario_text(), "default.toml (embedded)"
+        source = "default.toml (embedded)"
+        data = parse_toml(default_scenario_text(), source, ScenarioError)
     else:
         source = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as error:
-            raise ScenarioError(f"cannot read scenario {path}: {error.strerror or error}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ScenarioError(f"invalid TOML in {source}: {error}") from None
+        data = read_toml(path, "scenario", ScenarioError)
     scenario = parse_scenario(data, source)
     if path is None:
         scenario = scenario.model_copy(update={"name": str(data.get("name", "default"))})
