@@ -6,11 +6,13 @@ once. Faults come out as :class:`~narwhal.core.errors.Fault` values (``LegFault`
 out of the event iterator).
 
 Theory of operation: :func:`read_prefill` maps an HTTP reply to a descriptor or a fault.
-:func:`stream_events` pulls chunks from an open stream with the right deadline for each read —
-``first_token_at`` until the first generated token, then ``now + decode_read_timeout_s`` (or the
-request deadline when that is 0) after every chunk — feeds the SSE parser and yields
-``(now, event)`` for tokens, metadata and the final ``[DONE]``. It raises :class:`LegFault`
-for timeouts, early closes, in-band errors, malformed data and ``[DONE]`` before any token.
+:class:`DecodeReader` holds a decode stream's rules without doing I/O: the deadline for each read
+— ``first_token_at`` until the first generated token, then ``arrival + decode_read_timeout_s``
+(or the request deadline when that is 0) after every chunk — and what a read means: it feeds
+the SSE parser and returns ``(arrival time, event)`` for tokens, metadata and the final
+``[DONE]``, or records the fault (timeouts, early closes, in-band errors, malformed data,
+``[DONE]`` before any token). The lifecycle drives it directly (one plain loop per stream);
+:func:`stream_events` wraps it as an async iterator for probes, preflight and ``EngineClient``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ from typing import Any
 
 from narwhal.core.descriptor import DescriptorError, validate_descriptor
 from narwhal.core.errors import DONE_BEFORE_TOKEN_TEXT, SILENCE_TEXT, Fault, FaultKind, fault
-from narwhal.core.ports import Chunk, Clock, ConnectFailed, Reply, StreamEnd, TimedOut, Transport
+from narwhal.core.ports import (
+    Burst,
+    Chunk,
+    ChunkResult,
+    Clock,
+    ConnectFailed,
+    Reply,
+    TimedOut,
+    Transport,
+)
 from narwhal.core.sse import EventKind, SseEvent, SseParser
 
 
@@ -119,6 +130,125 @@ def timeout_fault(
     )
 
 
+class DecodeReader:
+    """The rules of one decode stream as a sans-IO object: the deadline for the next read, and
+    what each read means.
+
+    ``read(result, now)`` turns one transport result into the ``(arrival time, event)`` pairs
+    it carries (tokens, metadata, and a final ``[DONE]`` after at least one token), in order.
+    When the read shows a fault (a timeout, an early close, an in-band error, malformed data,
+    ``[DONE]`` before any token) the events before it are still returned and :attr:`fault` is
+    set; nothing is read after a fault or after ``[DONE]``. A :class:`Burst` is taken read by
+    read, each at its own arrival time, exactly as if the reads had come one at a time.
+    """
+
+    __slots__ = (
+        "consumer",
+        "deadline",
+        "decode_read_timeout_s",
+        "done",
+        "fault",
+        "feed",
+        "first_token_timeout_s",
+        "got_token",
+        "request_deadline",
+    )
+
+    def __init__(
+        self,
+        consumer: str,
+        *,
+        first_token_at: float,
+        first_token_timeout_s: float,
+        decode_read_timeout_s: float,
+        request_deadline: float,
+    ) -> None:
+        self.consumer = consumer
+        self.deadline = first_token_at  # until the first token; then silence or the request's
+        self.first_token_timeout_s = first_token_timeout_s
+        self.decode_read_timeout_s = decode_read_timeout_s
+        self.request_deadline = request_deadline
+        self.got_token = False
+        self.done = False
+        self.fault: Fault | None = None
+        self.feed = SseParser().feed
+
+    def read(self, result: ChunkResult, now: float) -> list[tuple[float, SseEvent]]:
+        """The events of one read result, each with its arrival time (see the class)."""
+        out: list[tuple[float, SseEvent]] = []
+        if type(result) is Chunk:  # checked first: nearly every live read is a chunk
+            self._take(now, result.data, out)
+        elif type(result) is Burst:
+            for at, data in result.reads:
+                if at >= self.deadline:
+                    self.fault = self._timeout()
+                    break
+                self._take(at, data, out)
+                if self.done or self.fault is not None:
+                    break
+        elif isinstance(result, TimedOut):
+            self.fault = self._timeout()
+        else:  # StreamEnd | ConnectFailed
+            self.fault = fault(
+                FaultKind.CLOSED_BEFORE_DONE,
+                "engine closed the stream before [DONE]",
+                engine=self.consumer,
+                phase="decode",
+            )
+        return out
+
+    def _timeout(self) -> Fault:
+        return timeout_fault(
+            self.consumer,
+            self.deadline,
+            self.request_deadline,
+            self.got_token,
+            self.first_token_timeout_s,
+            self.decode_read_timeout_s,
+        )
+
+    def _take(self, at: float, data: bytes, out: list[tuple[float, SseEvent]]) -> None:
+        """One transport read that arrived at ``at``."""
+        for event in self.feed(data):
+            kind = event.kind
+            if kind is EventKind.TOKEN:
+                self.got_token = True
+            elif kind is EventKind.ERROR:
+                self.fault = fault(
+                    FaultKind.INBAND_ERROR,
+                    f"engine error in stream: {event.error_message or 'unknown error'}",
+                    engine=self.consumer,
+                    phase="decode",
+                    status=event.error_status or 502,
+                )
+                return
+            elif kind is EventKind.MALFORMED:
+                self.fault = fault(
+                    FaultKind.MALFORMED_RESPONSE,
+                    "engine sent malformed SSE data",
+                    engine=self.consumer,
+                    phase="decode",
+                )
+                return
+            elif kind is EventKind.DONE:
+                if not self.got_token:
+                    self.fault = fault(
+                        FaultKind.DONE_BEFORE_TOKEN,
+                        DONE_BEFORE_TOKEN_TEXT,
+                        engine=self.consumer,
+                        phase="decode",
+                    )
+                    return
+                out.append((at, event))
+                self.done = True
+                return
+            out.append((at, event))
+        if self.got_token:  # any chunk, metadata too, resets the silence timer
+            timeout = self.decode_read_timeout_s
+            bound = at + timeout if timeout > 0 else self.request_deadline
+            self.deadline = bound if bound < self.request_deadline else self.request_deadline
+
+
 async def stream_events(
     transport: Transport,
     clock: Clock,
@@ -130,70 +260,21 @@ async def stream_events(
     decode_read_timeout_s: float,
     request_deadline: float,
 ) -> AsyncIterator[tuple[float, SseEvent]]:
-    """Yield ``(now, event)`` for TOKEN, METADATA and the final DONE; raise LegFault otherwise."""
-    feed = SseParser().feed
-    got_token = False
-    deadline = first_token_at
+    """Yield ``(arrival time, event)`` for TOKEN, METADATA and the final DONE; raise LegFault
+    otherwise. The async-iterator form of :class:`DecodeReader` for the callers off the hot
+    path (probes, preflight, ``EngineClient``)."""
+    reader = DecodeReader(
+        consumer,
+        first_token_at=first_token_at,
+        first_token_timeout_s=first_token_timeout_s,
+        decode_read_timeout_s=decode_read_timeout_s,
+        request_deadline=request_deadline,
+    )
     while True:
-        result = await transport.next_chunk(handle, deadline)
-        now = clock.now()
-        if not isinstance(result, Chunk):  # checked first: nearly every read is a chunk
-            if isinstance(result, TimedOut):
-                raise LegFault(
-                    timeout_fault(
-                        consumer,
-                        deadline,
-                        request_deadline,
-                        got_token,
-                        first_token_timeout_s,
-                        decode_read_timeout_s,
-                    )
-                )
-            if isinstance(result, StreamEnd | ConnectFailed):
-                raise LegFault(
-                    fault(
-                        FaultKind.CLOSED_BEFORE_DONE,
-                        "engine closed the stream before [DONE]",
-                        engine=consumer,
-                        phase="decode",
-                    )
-                )
-            assert isinstance(result, Chunk)
-        for event in feed(result.data):
-            kind = event.kind
-            if kind is EventKind.TOKEN:
-                got_token = True
-            elif kind is EventKind.ERROR:
-                raise LegFault(
-                    fault(
-                        FaultKind.INBAND_ERROR,
-                        f"engine error in stream: {event.error_message or 'unknown error'}",
-                        engine=consumer,
-                        phase="decode",
-                        status=event.error_status or 502,
-                    )
-                )
-            elif kind is EventKind.MALFORMED:
-                raise LegFault(
-                    fault(
-                        FaultKind.MALFORMED_RESPONSE,
-                        "engine sent malformed SSE data",
-                        engine=consumer,
-                        phase="decode",
-                    )
-                )
-            elif kind is EventKind.DONE and not got_token:
-                raise LegFault(
-                    fault(
-                        FaultKind.DONE_BEFORE_TOKEN,
-                        DONE_BEFORE_TOKEN_TEXT,
-                        engine=consumer,
-                        phase="decode",
-                    )
-                )
-            yield now, event
-            if kind is EventKind.DONE:
-                return
-        if got_token:  # any chunk, metadata too, resets the silence timer
-            bound = now + decode_read_timeout_s if decode_read_timeout_s > 0 else request_deadline
-            deadline = min(bound, request_deadline)
+        result = await transport.next_chunk(handle, reader.deadline)
+        for item in reader.read(result, clock.now()):
+            yield item
+        if reader.fault is not None:
+            raise LegFault(reader.fault)
+        if reader.done:
+            return

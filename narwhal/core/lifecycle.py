@@ -32,11 +32,10 @@ from narwhal.core.assemble import ResponseAssembler
 from narwhal.core.descriptor import prefill_kv_params
 from narwhal.core.errors import Fault, FaultKind, fault
 from narwhal.core.legs import (
-    LegFault,
+    DecodeReader,
     connect_fault,
     http_fault,
     read_prefill,
-    stream_events,
     timeout_fault,
 )
 from narwhal.core.placement import Reservation
@@ -322,55 +321,53 @@ class _Lifecycle:
             return http_fault(opened.status, opened.body, consumer, "decode")
         pending_metadata: list[bytes] = []
         assembler = None if self.request.stream else ResponseAssembler(self.request.endpoint)
-        events = stream_events(
-            transport,
-            clock,
-            opened.handle,
+        reader = DecodeReader(
             consumer,
             first_token_at=first_token_at,
             first_token_timeout_s=cfg.first_token_timeout_s,
             decode_read_timeout_s=cfg.decode_read_timeout_s,
             request_deadline=self.deadline.at,
         )
-        try:
-            async for now, event in events:
-                if event.kind is EventKind.TOKEN:
+        read, next_chunk, handle = reader.read, transport.next_chunk, opened.handle
+        while True:  # one plain loop per stream: this is the hot path of every request
+            result = await next_chunk(handle, reader.deadline)
+            out: list[bytes] = []  # what this read forwards, sent in one write
+            for at, event in read(result, clock.now()):
+                kind = event.kind
+                if kind is EventKind.TOKEN:
                     if not self.got_token:
                         self.got_token = True
-                        self.first_byte_s = now - self.request.arrival
+                        self.first_byte_s = at - self.request.arrival
                         if assembler is None:
                             await self.sink.commit(dict(SSE_HEADERS))
                             self.committed = True
-                            for wire in pending_metadata:
-                                await self.sink.send(wire)
+                            out += pending_metadata
                     self.tokens += 1
-                    if assembler is None:  # _forward, inlined: this runs once per chunk
-                        await self.sink.send(event.wire())
+                    if assembler is None:
+                        out.append(event.wire())
                     elif event.payload is not None:
                         assembler.add(event.payload)
-                elif event.kind is EventKind.METADATA:
-                    if self.committed or assembler is not None:
-                        await self._forward(event.wire(), event.payload, assembler)
+                elif kind is EventKind.METADATA:
+                    if self.committed:
+                        out.append(event.wire())
+                    elif assembler is not None:
+                        if event.payload is not None:
+                            assembler.add(event.payload)
                     else:
                         pending_metadata.append(event.wire())
-                else:  # DONE after at least one token
-                    await self._succeed(consumer, event.wire(), assembler)
-        except LegFault as leg:
-            return leg.fault
-        return None
-
-    async def _forward(
-        self, wire: bytes, payload: dict[str, Any] | None, assembler: ResponseAssembler | None
-    ) -> None:
-        if assembler is None:
-            await self.sink.send(wire)
-        elif payload is not None:
-            assembler.add(payload)
+                else:  # DONE after at least one token: the reader returns nothing after it
+                    if out:
+                        await self.sink.send(b"".join(out))
+                    await self._succeed(consumer, at, event.wire(), assembler)
+                    return None
+            if out:
+                await self.sink.send(out[0] if len(out) == 1 else b"".join(out))
+            if reader.fault is not None:
+                return reader.fault
 
     async def _succeed(
-        self, consumer: str, done_wire: bytes, assembler: ResponseAssembler | None
+        self, consumer: str, now: float, done_wire: bytes, assembler: ResponseAssembler | None
     ) -> None:
-        now = self.ports.clock.now()
         self.policies.breaker.on_success(consumer, self._epochs[consumer], now)
         self.final = (200, "ok", None)
         self.policies.log.add(

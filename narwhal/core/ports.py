@@ -74,11 +74,27 @@ class Chunk:
 
 
 @dataclass(frozen=True)
+class Burst:
+    """Several reads handed over at once, oldest first, each as ``(arrival time, bytes)``.
+
+    The core treats a burst exactly as the same reads one at a time (a read stamped at or after
+    the deadline then in force is a timeout). So a driver may hold a read back, stamped with when
+    it arrived, while that read can only move the read deadline later and ends nothing: a plain
+    chunk after the stream's first generated token. It hands held reads over no later than the
+    deadline of the read it answers, and at once anything that may move the deadline earlier or
+    end the stream (the first token, ``[DONE]``, an error event, a close). Then the outcome does
+    not depend on how the reads were grouped.
+    """
+
+    reads: tuple[tuple[float, bytes], ...]
+
+
+@dataclass(frozen=True)
 class StreamEnd:
     """The upstream closed the stream cleanly (EOF)."""
 
 
-ChunkResult = Chunk | StreamEnd | ConnectFailed | TimedOut
+ChunkResult = Chunk | Burst | StreamEnd | ConnectFailed | TimedOut
 
 
 class ClientGone(Exception):

@@ -88,6 +88,8 @@ class SseEvent:
     payload: dict[str, Any] | None = field(default=None, hash=False)
     error_status: int | None = None
     error_message: str | None = None
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
+    """What :meth:`wire` returns, when the parser still had the event's bytes (no re-encoding)."""
 
     def wire(self) -> bytes:
         """The event encoded for forwarding: a ``data: `` line per line of data, then a blank line.
@@ -95,6 +97,8 @@ class SseEvent:
         Parsing the result gives back an event equal to this one. A CR or CRLF inside ``data``
         (possible only for an event built by hand) becomes a line break like LF.
         """
+        if self.encoded is not None:
+            return self.encoded
         data = self.data
         if "\n" not in data and "\r" not in data:
             return b"data: " + data.encode("utf-8") + b"\n\n"
@@ -105,33 +109,34 @@ class SseEvent:
 # ---------------------------------------------------------------- classification
 
 
-def classify(data: str) -> SseEvent:
-    """Classify one event's data field (see :class:`EventKind`)."""
+def classify(data: str, encoded: bytes | None = None) -> SseEvent:
+    """Classify one event's data field (see :class:`EventKind`); ``encoded``, when given, is
+    the event's exact wire form (``data: <data>`` and a blank line), kept for :meth:`wire`."""
     if data[:1] == "{" and data[-1:] == "}":
         # The common shape, a bare JSON object: it cannot be [DONE], and json.loads on it is
         # exactly one scan from 0 that must end at len(data) (trailing "}" is not whitespace).
         try:
             payload, end = _scan_once(data, 0)
         except (StopIteration, ValueError, RecursionError):
-            return SseEvent(EventKind.MALFORMED, data)
+            return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
         if end != len(data):
-            return SseEvent(EventKind.MALFORMED, data)
+            return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
     else:
         if data == _DONE or data.strip() == _DONE:
-            return SseEvent(EventKind.DONE, data)
+            return SseEvent(EventKind.DONE, data, encoded=encoded)
         try:
             payload = json.loads(data)
         except (ValueError, RecursionError):
-            return SseEvent(EventKind.MALFORMED, data)
+            return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
     if not isinstance(payload, dict):
-        return SseEvent(EventKind.MALFORMED, data)
+        return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
 
     error = payload.get("error")
     if error or payload.get("object") == "error":
         status, message = _error_details(payload, error)
-        return SseEvent(EventKind.ERROR, data, payload, status, message)
+        return SseEvent(EventKind.ERROR, data, payload, status, message, encoded)
     kind = EventKind.TOKEN if _has_output(payload) else EventKind.METADATA
-    return SseEvent(kind, data, payload)
+    return SseEvent(kind, data, payload, encoded=encoded)
 
 
 def _has_output(payload: dict[str, Any]) -> bool:
@@ -185,6 +190,15 @@ def _http_error_code(code: Any) -> int:
     return DEFAULT_ERROR_STATUS
 
 
+def _classify_block(block: bytes) -> SseEvent:
+    """Classify one whole ``data: ...`` line (the parser's fast path), keeping its bytes."""
+    try:
+        data = block[6:].decode("utf-8")
+    except UnicodeDecodeError:  # replacement characters: the wire form is re-encoded
+        return classify(block[6:].decode("utf-8", errors="replace"))
+    return classify(data, block + b"\n\n")
+
+
 # ---------------------------------------------------------------- incremental parsing
 
 
@@ -204,6 +218,8 @@ class SseParser:
         "_closed",
         "_data",
         "_data_bytes",
+        "_last_block",
+        "_last_event",
         "_max_event_bytes",
         "_partial",
         "_skip_lf",
@@ -218,6 +234,9 @@ class SseParser:
         self._skip_lf = False  # the last chunk ended in CR: an LF starting the next is its pair
         self._start = True  # no line completed yet: a leading BOM is still to be dropped
         self._closed = False
+        # the last whole event taken on the fast path, as bytes, and its (immutable) event
+        self._last_block = b""
+        self._last_event = SseEvent(EventKind.MALFORMED, "")
 
     @property
     def pending(self) -> bool:
@@ -247,7 +266,10 @@ class SseParser:
             else:
                 self._start = False
                 for block in blocks:
-                    events.append(classify(block[6:].decode("utf-8", errors="replace")))
+                    if block != self._last_block:  # classify is pure: a repeat reuses it
+                        self._last_block = block
+                        self._last_event = _classify_block(block)
+                    events.append(self._last_event)
                 if self._max_event_bytes is not None:
                     self._check_size()
                 return events

@@ -265,7 +265,8 @@ class SimTransport:
             return
         if self.env.now >= stream.deadline:
             stream.waiter = None
-            wait.fire(_TIMED_OUT)
+            held = take_chunk(stream)  # chunks held back for this wake-up, if any
+            wait.fire(held if held is not None else _TIMED_OUT)
         else:
             self.arm(stream, stream.deadline)
 

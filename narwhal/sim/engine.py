@@ -24,9 +24,15 @@ Theory of operation (one engine iteration = one ``env.timeout``):
   sum, and the steps at which a sequence needs a block, must emit output (every
   ``stream_interval`` tokens, as vLLM's ``--stream-interval``) or finishes are put in buckets
   keyed by step number. A step therefore costs O(1) plus the sequences that have something due.
-- Output goes to a :class:`SimStream` buffer; the router side is woken once per step per
-  stream it waits on. A producer keeps the blocks of a finished prefill as a *handoff* until a
-  consumer pulls it, the router releases it, or the lease (``kv_lease_s``) expires.
+- Output goes to a :class:`SimStream` buffer as ``(arrival time, bytes)``. The router is woken
+  at once for a stream's first output (it replaces the first-token deadline by the earlier
+  silence deadline) and for what ends or breaks a stream ([DONE], an error event, a close or
+  reset); later plain token chunks wait for its next wake-up (at the latest the deadline of
+  the read it waits on) and reach it as one :class:`~narwhal.core.ports.Burst`, which the core
+  reads exactly as the same chunks one at a time (``[sim] coalesce_reads = false`` wakes it
+  for every chunk).
+- A producer keeps the blocks of a finished prefill as a *handoff* until a consumer pulls it,
+  the router releases it, or the lease (``kv_lease_s``) expires.
 """
 
 from __future__ import annotations
@@ -41,8 +47,8 @@ from typing import Any, Protocol
 import simpy
 
 from narwhal.core.ports import (
+    Burst,
     CallResult,
-    Chunk,
     ChunkResult,
     ConnectFailed,
     OpenResult,
@@ -85,6 +91,7 @@ class EngineParams:
     stream_interval: int = 1  # tokens per streamed chunk (vLLM --stream-interval)
     kv_lease_s: float = 30.0
     kv_load_failure_policy: str = "fail"  # "fail" | "recompute"
+    coalesce_reads: bool = True  # plain token chunks wait for the router's next wake-up
 
 
 class SimStream:
@@ -95,7 +102,7 @@ class SimStream:
     def __init__(self, engine: SimEngine) -> None:
         self.engine = engine
         self.seq: Seq | None = None
-        self.buffer: list[bytes] = []
+        self.buffer: list[tuple[float, bytes]] = []  # (arrival time, bytes), oldest first
         self.waiter: Resumer | None = None  # set by the transport while the router waits
         self.deadline = 0.0  # the waiter's deadline (the transport's lazy timer reads it)
         self.timer_at = -1.0  # when the transport's pending deadline timer fires (-1: none)
@@ -158,9 +165,9 @@ class Seq:
 def take_chunk(stream: SimStream) -> ChunkResult | None:
     """What a read of ``stream`` returns now, or None when the router must wait."""
     if stream.buffer:
-        data = stream.buffer[0] if len(stream.buffer) == 1 else b"".join(stream.buffer)
+        reads = tuple(stream.buffer)
         stream.buffer.clear()
-        return Chunk(data)
+        return Burst(reads)
     if stream.ended is None:
         return None
     return ConnectFailed("reset") if stream.ended == "reset" else StreamEnd()
@@ -376,7 +383,7 @@ class SimEngine:
                 seq.head + b'{"role":"assistant","content":""},"logprobs":null,'
                 b'"finish_reason":null}]}\n\n'
             )
-            stream.buffer.append(role)
+            stream.buffer.append((self.env.now, role))
         self._enqueue(seq)
         return StreamOpened(stream, 200)
 
@@ -550,6 +557,7 @@ class SimEngine:
             return
         if seq.fault is not None and self._apply_fault(seq, n):
             return
+        first = seq.emitted == 0  # the first output moves the router's deadline earlier
         if n > 0:
             self.tokens_out += n
             seq.emitted = seq.gen
@@ -568,11 +576,15 @@ class SimEngine:
                 )
             else:
                 text = b"x" * n + end
-            stream.buffer.append(seq.head + text)
+            stream.buffer.append((self.env.now, seq.head + text))
         if final:
-            stream.buffer.append(DONE)
+            stream.buffer.append((self.env.now, DONE))
             stream.ended = "eof"
-        if stream.waiter is not None:
+        # After the first output, a plain token chunk only moves the router's read deadline
+        # later and changes nothing outside its request, so (when coalescing) it waits for the
+        # router's next wake-up: the end of the stream, a fault, or that deadline (the
+        # transport's timer), and reaches it stamped with its arrival time.
+        if stream.waiter is not None and (final or first or not self.params.coalesce_reads):
             self._wake.append(stream)
 
     def _apply_fault(self, seq: Seq, n: int) -> bool:
@@ -597,11 +609,11 @@ class SimEngine:
             seq.run += 1
             return True
         if kind == "early_done":
-            stream.buffer.append(DONE)
+            stream.buffer.append((self.env.now, DONE))
             stream.ended = "eof"
         elif kind == "inband_error":
-            stream.buffer.append(ERROR_500)
-            stream.buffer.append(DONE)
+            stream.buffer.append((self.env.now, ERROR_500))
+            stream.buffer.append((self.env.now, DONE))
             stream.ended = "eof"
         else:  # disconnect: the connection closes before [DONE]
             stream.ended = "eof"
@@ -615,7 +627,7 @@ class SimEngine:
     def _end_stream(self, seq: Seq, extra: bytes) -> None:
         if seq.stream is not None:
             if extra:
-                seq.stream.buffer.append(extra)
+                seq.stream.buffer.append((self.env.now, extra))
             self._emit(seq, final=True)
         self._finish(seq)
 
@@ -689,8 +701,8 @@ class SimEngine:
                 stream = seq.stream
                 self._finish(seq)
                 if stream is not None:
-                    stream.buffer.append(ERROR_500)
-                    stream.buffer.append(DONE)
+                    stream.buffer.append((self.env.now, ERROR_500))
+                    stream.buffer.append((self.env.now, DONE))
                     stream.ended = "eof"
                     self._flush_one(stream)
 

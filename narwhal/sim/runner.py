@@ -17,6 +17,7 @@ needs.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -79,6 +80,8 @@ def run(
     env = simpy.Environment()
     timing = fleet.step_timing()
     params = fleet.engine_params()
+    if not sim.coalesce_reads:
+        params = dataclasses.replace(params, coalesce_reads=False)
     if isinstance(timing, LinearStepTiming):  # the emulator's KV pull: kv_s_per_token x tokens
         net = KvNetwork(env, bandwidth_gbps=timing.link_bandwidth_gbps(), setup_s=timing.kv_setup_s)
     else:

@@ -155,6 +155,9 @@ class SimSettings(_Strict):
     health_checks: bool = True
     tick_s: float | None = Field(None, gt=0)  # maintenance loop tick (None: the core's default)
     max_sim_s: float = Field(86_400.0, gt=0)  # safety stop
+    # hand a stream's plain token chunks to the router in bursts stamped with their arrival
+    # times (identical results, far fewer router wake-ups); false: one wake-up per chunk
+    coalesce_reads: bool = True
 
 
 class Scenario(_Strict):

@@ -275,9 +275,13 @@ class RecordingSink:
             raise ClientGone()
         self.events.append(data)
 
+    def sse_events(self) -> list[bytes]:
+        """What the client received, cut into SSE events (one write may carry several)."""
+        return [event + b"\n\n" for event in b"".join(self.events).split(b"\n\n")[:-1]]
+
     def data_events(self) -> list[Any]:
         out: list[Any] = []
-        for raw in self.events:
+        for raw in self.sse_events():
             text = raw.decode().removeprefix("data: ").strip()
             out.append(text if text == "[DONE]" else json.loads(text))
         return out

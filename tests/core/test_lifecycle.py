@@ -286,7 +286,7 @@ def test_success_streams_exactly_the_engine_tokens_and_measures() -> None:
     items = ((0.2, token("A")), (0.1, token("B")), (0.1, USAGE_CHUNK), (0.0, DONE))
     out = serve({"prefill": [Prefill(delay=0.3)], "decode": [Decode(items=items)]})
     assert out.record is not None and out.record.status == 200
-    assert out.sink.events == [token("A"), token("B"), USAGE_CHUNK, DONE]
+    assert out.sink.sse_events() == [token("A"), token("B"), USAGE_CHUNK, DONE]
     assert out.record.ttft_s == pytest.approx(0.3)
     assert out.record.first_byte_s == pytest.approx(0.3 + 0.005 + 0.2)
     assert out.record.output_tokens == 2
@@ -338,7 +338,7 @@ def test_same_worker_decode_sends_no_transfer_params() -> None:
 def test_chat_role_chunk_is_metadata_and_flushed_on_commit() -> None:
     items = ((0.01, ROLE_CHUNK), (0.01, token("z", chat=True)), (0.0, DONE))
     out = serve({"decode": [Decode(items=items)]}, endpoint=CHAT)
-    assert out.sink.events == [ROLE_CHUNK, token("z", chat=True), DONE]
+    assert out.sink.sse_events() == [ROLE_CHUNK, token("z", chat=True), DONE]
     assert out.record is not None and out.record.output_tokens == 1
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import simpy
 
 from narwhal.core.descriptor import validate_descriptor
-from narwhal.core.ports import Chunk, Reply, StreamOpened
+from narwhal.core.ports import Burst, Reply, StreamOpened
 from narwhal.core.sse import EventKind, SseParser
 from narwhal.sim.driver import SimTransport, start
 from narwhal.sim.engine import EngineParams, SimEngine
@@ -47,15 +47,18 @@ def read_stream(
         assert isinstance(opened, StreamOpened) and opened.status == 200
         parser, tokens, times = SseParser(), 0, []
         while True:
-            chunk = await transport.next_chunk(opened.handle, env.now + 99)
-            assert isinstance(chunk, Chunk), chunk
-            for event in parser.feed(chunk.data):
-                if event.kind is EventKind.TOKEN:
-                    tokens += len(event.payload["choices"][0]["text"])  # type: ignore[index]
-                    times.append(env.now)
-                elif event.kind is EventKind.DONE:
-                    out.update(tokens=tokens, times=times, end=env.now)
-                    return
+            result = await transport.next_chunk(opened.handle, env.now + 99)
+            assert isinstance(result, Burst), result  # reads stamped with their arrival times
+            assert all(at <= env.now for at, _ in result.reads)
+            for at, data in result.reads:
+                for event in parser.feed(data):
+                    if event.kind is EventKind.TOKEN:
+                        tokens += len(event.payload["choices"][0]["text"])  # type: ignore[index]
+                        times.append(at)
+                    elif event.kind is EventKind.DONE:
+                        assert at == env.now  # the end of a stream wakes the reader at once
+                        out.update(tokens=tokens, times=times, end=env.now)
+                        return
 
     start(env, reader())
 
