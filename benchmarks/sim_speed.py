@@ -17,6 +17,7 @@ import argparse
 import cProfile
 import pstats
 import time
+import timeit
 
 from narwhal.core.records import DecisionLog
 from narwhal.sim.runner import run
@@ -137,6 +138,8 @@ def main() -> None:
         )
     print(f"wall {wall:.2f} s -> {n / wall:,.0f} simulated requests per wall second")
     print(f"cpu  {cpu:.2f} s -> {n / cpu:,.0f} simulated requests per CPU second")
+    reference = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
+    print(f"machine reference: sum(range(1000)) takes {reference * 1e6:.1f} us")
     if profiler:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
 

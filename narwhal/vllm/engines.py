@@ -57,11 +57,47 @@ class EngineError(RuntimeError):
     """An engine failed to start, died, or could not be reached."""
 
 
+def _port_range() -> tuple[int, int]:
+    """Ports to hand out: below the kernel's ephemeral range (where a bind to port 0 lands)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        ephemeral_low = int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    return (20000, ephemeral_low - 1) if ephemeral_low > 21000 else (61000, 65535)
+
+
+_handed_out: set[int] = set()
+_cursor: list[int] = []  # the next offset into the range (first use: derived from the pid)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for an engine to bind later.
+
+    It comes from below the ephemeral range: an engine binds its ports seconds after they are
+    chosen, and meanwhile vLLM's own internal sockets (and any client) bind port 0, which the
+    kernel serves from the ephemeral range, so a port chosen there could be taken first (seen
+    here: the consumer's NIXL side channel failing with "Address already in use"). The scan
+    starts at an offset derived from the process id, so concurrent runs start apart, and never
+    hands out the same port twice in one process.
+    """
+    low, high = _port_range()
+    span = high - low + 1
+    if not _cursor:
+        _cursor.append((os.getpid() * 7919) % span)
+    for _ in range(span):
+        port = low + _cursor[0]
+        _cursor[0] = (_cursor[0] + 1) % span
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise EngineError(f"no free TCP port on {HOST} in {low}-{high}")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ spawns a child (the EngineCore stand-in), and the suite's config writer."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import textwrap
 import time
@@ -222,3 +223,14 @@ def test_an_engine_that_exits_fails_fast_with_its_log(
     assert time.monotonic() - started < 15
     assert fake.proc is not None and fake.proc.returncode == 3
     fake.stop()
+
+
+def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    low, high = int(ephemeral[0]), int(ephemeral[1])
+    ports = [free_port() for _ in range(20)]
+    assert len(set(ports)) == 20  # never the same port twice in a process
+    assert not any(low <= port <= high for port in ports)  # a bind to port 0 cannot take them
+    for port in ports[:3]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))  # free when handed out
