@@ -253,6 +253,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm")
     args = parser.parse_args()
+    # a SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so the engines it started are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     lengths = [int(n) for n in args.lengths.split(",")]
     arrivals = workload(args.requests, args.rate, lengths, args.tokens, args.seed)
     folder = Path(tempfile.mkdtemp(prefix="narwhal-calibration-"))
