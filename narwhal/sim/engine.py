@@ -120,6 +120,8 @@ class Seq:
         "blocks",
         "c0",
         "chat",
+        "chunk",
+        "chunk_tokens",
         "emitted",
         "fault",
         "gen",
@@ -159,6 +161,8 @@ class Seq:
         self.fault: tuple[str, int] | None = None  # (stream fault kind, after this many tokens)
         self.chat = False
         self.head = b""
+        self.chunk = b""  # the bytes of the last non-final chunk, for ``chunk_tokens`` tokens
+        self.chunk_tokens = 0
         self.tail = b""
 
 
@@ -192,6 +196,22 @@ def _prompt_tokens(body: dict[str, Any]) -> int | None:
     if isinstance(messages, list) and messages:
         return sum(len(str(m.get("content", ""))) + 4 for m in messages if isinstance(m, dict)) + 2
     return None
+
+
+def _chunk_body(n: int, final: bool, chat: bool) -> bytes:
+    """The rest of a streamed chunk after its head: ``n`` tokens of filler text."""
+    if chat:
+        reason = b'"length"' if final else b"null"
+        return (
+            b'{"content":"'
+            + b"x" * n
+            + b'"},"logprobs":null,"finish_reason":'
+            + reason
+            + (b"}]}\n\n")
+        )
+    if final:
+        return b"x" * n + b'","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+    return b"x" * n + b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
 
 
 def _json_error(status: int, message: str, kind: str) -> bytes:
@@ -561,22 +581,13 @@ class SimEngine:
         if n > 0:
             self.tokens_out += n
             seq.emitted = seq.gen
-            if final:
-                end = b'","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+            if n == seq.chunk_tokens and not final:  # the usual chunk: its bytes are known
+                data = seq.chunk
             else:
-                end = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-            if seq.chat:
-                reason = b'"length"' if final else b"null"
-                text = (
-                    b'{"content":"'
-                    + b"x" * n
-                    + b'"},"logprobs":null,"finish_reason":'
-                    + reason
-                    + b"}]}\n\n"
-                )
-            else:
-                text = b"x" * n + end
-            stream.buffer.append((self.env.now, seq.head + text))
+                data = seq.head + _chunk_body(n, final, seq.chat)
+                if not final:
+                    seq.chunk_tokens, seq.chunk = n, data
+            stream.buffer.append((self.env.now, data))
         if final:
             stream.buffer.append((self.env.now, DONE))
             stream.ended = "eof"

@@ -148,3 +148,18 @@ def test_any_grouping_into_bursts_reads_like_one_read_at_a_time(
         times.append(t)
     reads = list(zip(times, kinds, strict=False))
     assert _held_back(reads, cuts) == _one_at_a_time(reads)
+
+
+def test_a_repeated_read_means_what_it_meant_the_first_time_and_a_split_one_is_parsed() -> None:
+    r = reader()
+    first = r.read(Chunk(TOKEN), 0.1)
+    again = r.read(Burst(((0.2, TOKEN), (0.3, TOKEN))), 0.3)
+    assert [e for _, e in again] == [first[0][1]] * 2 and r.deadline == 0.8
+    half = len(TOKEN) // 2  # a read that is half an event is not taken for a repeat
+    assert r.read(Chunk(TOKEN[:half]), 0.4) == []
+    assert [e.kind for _, e in r.read(Chunk(TOKEN[half:]), 0.5)] == [EventKind.TOKEN]
+    assert [e.kind for _, e in r.read(Chunk(TOKEN + TOKEN), 0.6)] == [EventKind.TOKEN] * 2
+    assert [e.kind for _, e in r.read(Chunk(TOKEN), 0.7)] == [EventKind.TOKEN]
+    bad = b"data: {nope\n\n"
+    r.read(Chunk(bad), 0.8)
+    assert r.fault is not None and r.fault.kind is FaultKind.MALFORMED_RESPONSE
