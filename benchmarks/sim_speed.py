@@ -6,22 +6,32 @@ with faults (crashes, hangs, slow engines, stalling streams, in-band errors at f
 compressed in time), the decision log disabled (``DecisionLog(enabled=False)``). Not a test.
 
     .venv/bin/python benchmarks/sim_speed.py [--requests N] [--stream-interval K] [--profile]
+    .venv/bin/python benchmarks/sim_speed.py --sweep [--requests N]   # the figure in the docs
 
 ``--stream-interval`` is the engines' tokens per streamed chunk (vLLM's ``--stream-interval``);
-every chunk goes through the core's real SSE parser, so it sets the per-token cost.
+every chunk goes through the core's real SSE parser, so it sets the per-token cost. ``--sweep``
+runs 1, 4, 16 and 64 tokens per chunk and draws ``docs/figures/sim-speed.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import pstats
 import time
 import timeit
+from pathlib import Path
+from typing import Any
 
+from narwhal.core.config import parse_toml
 from narwhal.core.records import DecisionLog
 from narwhal.sim.runner import run
-from narwhal.sim.scenario import parse_scenario
+from narwhal.sim.scenario import Scenario, parse_scenario
+
+REPO = Path(__file__).resolve().parent.parent
+PUBLISHED = (160.0, 670.0)  # simulated requests per second of published simulators (FACTS.md 6)
+TARGET = 5000.0
 
 SCENARIO = """
 name = "sim-speed"
@@ -82,6 +92,136 @@ probability = 0.1
 """
 
 
+def scenario_for(
+    requests: int, stream_interval: int, block_size: int, rate_scale: float
+) -> Scenario:
+    text = SCENARIO.format(
+        requests=requests,
+        stream_interval=stream_interval,
+        block_size=block_size,
+        rate_scale=rate_scale,
+    )
+    return parse_scenario(parse_toml(text, "sim_speed", ValueError), "sim_speed")
+
+
+def machine_reference_us() -> float:
+    """This machine's speed right now: ``sum(range(1000))`` in microseconds."""
+    return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
+
+
+def measure(scenario: Scenario, profile: bool = False) -> dict[str, Any]:
+    """One timed run (after a 50-request warm-up: the profile fit and the trace are cached)."""
+    warm = scenario.workload.model_copy(update={"max_requests": 50})
+    run(scenario.model_copy(update={"workload": warm}))
+    profiler = cProfile.Profile() if profile else None
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    if profiler:
+        profiler.enable()
+    result = run(scenario, log=DecisionLog(enabled=False))
+    if profiler:
+        profiler.disable()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    n = len(result.records)
+    done = sorted(
+        r.first_byte_s for r in result.records if r.status == 200 and r.first_byte_s is not None
+    )
+    if profiler:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    return {
+        "requests": n,
+        "ok": sum(1 for r in result.records if r.status == 200),
+        "ejections": sum(e["times_ejected"] for e in result.engines.values()),
+        "fault_windows": len(result.fault_windows),
+        "simulated_s": result.sim_end_s,
+        "ttft_p50_s": done[len(done) // 2] if done else None,
+        "ttft_p99_s": done[int(len(done) * 0.99)] if done else None,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "per_cpu_s": n / cpu,
+        "per_wall_s": n / wall,
+    }
+
+
+def report(row: dict[str, Any], stream_interval: int, block_size: int) -> None:
+    print(
+        f"{row['requests']} requests ({row['ok']} ok, {row['ejections']} ejections, "
+        f"{row['fault_windows']} fault windows) over {row['simulated_s']:.0f} simulated s, "
+        f"stream_interval {stream_interval}, block_size {block_size}"
+    )
+    if row["ttft_p50_s"] is not None:
+        print(
+            f"client TTFT p50 {row['ttft_p50_s'] * 1e3:.0f} ms, "
+            f"p99 {row['ttft_p99_s'] * 1e3:.0f} ms"
+        )
+    print(
+        f"wall {row['wall_s']:.2f} s -> {row['per_wall_s']:,.0f} simulated requests per wall second"
+    )
+    print(f"cpu  {row['cpu_s']:.2f} s -> {row['per_cpu_s']:,.0f} simulated requests per CPU second")
+
+
+def draw(rows: list[dict[str, Any]], reference_us: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    labels = [str(r["stream_interval"]) for r in rows]
+    values = [r["per_cpu_s"] for r in rows]
+    bars = ax.bar(labels, values, color="#3b6ea8", width=0.6, label="Narwhal's simulator", zorder=2)
+    for bar, value in zip(bars, values, strict=True):
+        ax.annotate(
+            f"{value:,.0f}",
+            (bar.get_x() + bar.get_width() / 2, value),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+        )
+    ax.axhline(TARGET, color="#c0392b", linestyle="--", linewidth=1.2, label="target (5,000)")
+    ax.axhspan(
+        *PUBLISHED, color="#999999", alpha=0.3, label="published simulators (160-670)", zorder=0
+    )
+    ax.set_xlabel("tokens per streamed chunk (vLLM --stream-interval)")
+    ax.set_ylabel("simulated requests per CPU second")
+    ax.set_ylim(0, TARGET * 1.15)
+    n = rows[0]["requests"]
+    ax.set_title(
+        f"{n:,} requests of the Azure conversation trace, 16 engines with faults, one core",
+        fontsize=10,
+    )
+    ax.legend(loc="upper left", fontsize=8)
+    fig.text(
+        0.99,
+        0.01,
+        f"benchmarks/sim_speed.py --sweep; machine reference sum(range(1000)) = "
+        f"{reference_us:.1f} us",
+        ha="right",
+        fontsize=7,
+        color="#555555",
+    )
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def sweep(requests: int, rate_scale: float, figure: Path) -> None:
+    rows = []
+    for interval in (1, 4, 16, 64):
+        block = 128 if interval == 64 else 16
+        row = measure(scenario_for(requests, interval, block, rate_scale))
+        row.update(stream_interval=interval, block_size=block)
+        report(row, interval, block)
+        rows.append(row)
+    reference = machine_reference_us()
+    print(f"machine reference: sum(range(1000)) takes {reference:.1f} us")
+    draw(rows, reference, figure)
+    out = REPO / "benchmarks" / "results" / f"sim-speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"reference_us": reference, "rows": rows}, indent=1) + "\n")
+    print(f"figure: {figure}\nresults: {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100_000)
@@ -94,54 +234,18 @@ def main() -> None:
         help="trace time compression (35: about 190 req/s offered)",
     )
     parser.add_argument("--profile", action="store_true", help="cProfile, top 30 by own time")
+    parser.add_argument(
+        "--sweep", action="store_true", help="1, 4, 16 and 64 tokens per chunk, and the figure"
+    )
+    parser.add_argument("--figure", type=Path, default=REPO / "docs" / "figures" / "sim-speed.png")
     args = parser.parse_args()
-    import tomllib
-
-    scenario = parse_scenario(
-        tomllib.loads(
-            SCENARIO.format(
-                requests=args.requests,
-                stream_interval=args.stream_interval,
-                block_size=args.block_size,
-                rate_scale=args.rate_scale,
-            )
-        ),
-        "sim_speed",
-    )
-    run(
-        scenario.model_copy(
-            update={"workload": scenario.workload.model_copy(update={"max_requests": 50})}
-        )
-    )  # warm caches: profile fit, trace parse
-    profiler = cProfile.Profile() if args.profile else None
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    if profiler:
-        profiler.enable()
-    result = run(scenario, log=DecisionLog(enabled=False))
-    if profiler:
-        profiler.disable()
-    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    n = len(result.records)
-    ok = sum(1 for r in result.records if r.status == 200)
-    ejections = sum(e["times_ejected"] for e in result.engines.values())
-    print(
-        f"{n} requests ({ok} ok, {ejections} ejections, {len(result.fault_windows)} fault "
-        f"windows) over {result.sim_end_s:.0f} simulated s, stream_interval "
-        f"{args.stream_interval}, block_size {args.block_size}"
-    )
-    done = [r for r in result.records if r.status == 200 and r.first_byte_s is not None]
-    done.sort(key=lambda r: r.first_byte_s or 0.0)
-    if done:
-        print(
-            f"client TTFT p50 {done[len(done) // 2].first_byte_s * 1e3:.0f} ms, "
-            f"p99 {done[int(len(done) * 0.99)].first_byte_s * 1e3:.0f} ms"
-        )
-    print(f"wall {wall:.2f} s -> {n / wall:,.0f} simulated requests per wall second")
-    print(f"cpu  {cpu:.2f} s -> {n / cpu:,.0f} simulated requests per CPU second")
-    reference = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
-    print(f"machine reference: sum(range(1000)) takes {reference * 1e6:.1f} us")
-    if profiler:
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    if args.sweep:
+        sweep(args.requests, args.rate_scale, args.figure)
+        return
+    scenario = scenario_for(args.requests, args.stream_interval, args.block_size, args.rate_scale)
+    row = measure(scenario, profile=args.profile)
+    report(row, args.stream_interval, args.block_size)
+    print(f"machine reference: sum(range(1000)) takes {machine_reference_us():.1f} us")
 
 
 if __name__ == "__main__":
