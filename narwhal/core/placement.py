@@ -51,16 +51,19 @@ class Placement:
         self._rng = rng
         self._log = log
         self.counts: dict[str, dict[str, int]] = {url: dict.fromkeys(PHASES, 0) for url in roles}
+        # the engines serving each phase, in config order (roles are fixed for a router's life)
+        self._serving = {
+            "prefill": [url for url, role in roles.items() if role.produces],
+            "decode": [url for url, role in roles.items() if role.consumes],
+        }
 
     def serves(self, url: str, phase: str) -> bool:
         role = self._roles[url]
         return role.produces if phase == "prefill" else role.consumes
 
     def candidates(self, phase: str, now: float) -> list[str]:
-        placeable, roles = self._breaker.placeable, self._roles.items()
-        if phase == "prefill":  # what serves() says, inlined: this runs twice per attempt
-            return [url for url, role in roles if role.produces and placeable(url, now)]
-        return [url for url, role in roles if role.consumes and placeable(url, now)]
+        placeable = self._breaker.placeable
+        return [url for url in self._serving[phase] if placeable(url, now)]
 
     def choose(self, phase: str, now: float, avoid: Collection[str] = ()) -> str | None:
         """The engine for ``phase``, or None when no engine of that role is eligible."""
