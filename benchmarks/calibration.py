@@ -52,6 +52,9 @@ from narwhal.sim.runner import run as simulate  # noqa: E402
 from narwhal.sim.scenario import load_scenario  # noqa: E402
 from narwhal.vllm.calibrate import (  # noqa: E402
     EngineCalibration,
+    PrefillSample,
+    Sample,
+    StepSample,
     calibrate_engine,
     engine_json,
     engine_report,
@@ -236,78 +239,25 @@ def pct(values: list[float], q: float) -> float:
     return float("nan") if got is None else got
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--producer", help="producer URL (default: start a pair)")
-    parser.add_argument("--consumer", help="consumer URL")
-    parser.add_argument(
-        "--runs", type=int, default=2, help="rounds of (calibrate, then the workload live)"
-    )
-    parser.add_argument("--requests", type=int, default=40)
-    parser.add_argument("--rate", type=float, default=1.0, help="requests per second (Poisson)")
-    parser.add_argument("--lengths", default="64,256,512,1024", help="prompt tokens, drawn")
-    parser.add_argument("--tokens", type=int, default=32, help="output tokens per request")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=5, help="calibration repeats per point")
-    parser.add_argument("--statistic", choices=["median", "min"], default="median")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm")
-    args = parser.parse_args()
-    # a SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so the engines it started are stopped
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    lengths = [int(n) for n in args.lengths.split(",")]
-    arrivals = workload(args.requests, args.rate, lengths, args.tokens, args.seed)
-    folder = Path(tempfile.mkdtemp(prefix="narwhal-calibration-"))
-    engines = []
-    rounds: list[dict[str, Any]] = []
-    try:
-        if args.producer and args.consumer:
-            producer, consumer = args.producer.rstrip("/"), args.consumer.rstrip("/")
-        else:
-            model = build_tiny_model(
-                args.venv / "narwhal-models" / "tiny-llama-seed0", venv=args.venv
-            )
-            started = time.monotonic()
-            engines = start_engines(pair_specs(model), folder, venv=args.venv)
-            wait_pair_ready(engines[0], engines[1])
-            print(f"pair healthy after {time.monotonic() - started:.0f} s (logs in {folder})")
-            producer, consumer = engines[0].url, engines[1].url
-        config = folder / "narwhal.toml"
-        config.write_text(config_text(producer, consumer))
-        with narwhal_serve(config, folder / "narwhal.log") as url:
-            for index in range(args.runs):
-                print(f"round {index + 1}: calibrating {producer} -> {consumer} ...", flush=True)
-                load = os.getloadavg()[0]
-                cal = calibrate_engine(
-                    producer, consumer, model=MODEL_NAME, repeats=args.repeats,
-                    seed=args.seed + index, statistic=args.statistic,
-                )  # fmt: skip
-                print(engine_report(cal), flush=True)
-                started = time.monotonic()
-                records = asyncio.run(live_run(url, arrivals))
-                rounds.append(
-                    {"calibration": cal, "live": records, "load": (load, os.getloadavg()[0])}
-                )
-                failed = sum(not r["ok"] for r in records)
-                print(
-                    f"round {index + 1}: live, {len(records)} requests in "
-                    f"{time.monotonic() - started:.0f} s, {failed} failed; load average "
-                    f"{load:.1f} (calibration start) -> {os.getloadavg()[0]:.1f} (live end)",
-                    flush=True,
-                )
-        for index, item in enumerate(rounds):
-            item["sim"] = sim_run(arrivals, item["calibration"], folder / f"r{index}", args.seed)
-        first: EngineCalibration = rounds[0]["calibration"]
-        pooled = fit_engine(
-            first.engine, first.decode_engine, first.model,
-            [p for r in rounds for p in r["calibration"].prefill],
-            [s for r in rounds for s in r["calibration"].steps],
-            [h for r in rounds for h in r["calibration"].handoffs],
-            args.statistic,
-        )  # fmt: skip
-        pooled_sim = sim_run(arrivals, pooled, folder / "pooled", args.seed)
-    finally:
-        stop_all(engines)
+def compare(
+    rounds: list[dict[str, Any]],
+    arrivals: list[tuple[float, int, int]],
+    args: argparse.Namespace,
+    folder: Path,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Simulate each round's calibration and the pooled fit; print and write the table."""
+    for index, item in enumerate(rounds):
+        item["sim"] = sim_run(arrivals, item["calibration"], folder / f"r{index}", args.seed)
+    first: EngineCalibration = rounds[0]["calibration"]
+    pooled = fit_engine(
+        first.engine, first.decode_engine, first.model,
+        [p for r in rounds for p in r["calibration"].prefill],
+        [s for r in rounds for s in r["calibration"].steps],
+        [h for r in rounds for h in r["calibration"].handoffs],
+        args.statistic,
+    )  # fmt: skip
+    pooled_sim = sim_run(arrivals, pooled, folder / "pooled", args.seed)
 
     def live_values(records: list[dict[str, Any]]) -> dict[str, list[float]]:
         ok = [r for r in records if r["ok"]]
@@ -369,6 +319,7 @@ def main() -> int:
         json.dumps(
             {
                 "args": {k: str(v) for k, v in vars(args).items()},
+                **(extra or {}),
                 "arrivals": arrivals,
                 "rounds": [{**r, "calibration": engine_json(r["calibration"])} for r in rounds],
                 "pooled": {"calibration": engine_json(pooled), "sim": pooled_sim},
@@ -379,6 +330,115 @@ def main() -> int:
         + "\n"
     )
     print(f"results: {path}")
+
+
+def reanalyse(path: Path, args: argparse.Namespace) -> int:
+    """Refit a results file's samples with the current fit and simulate again (no engines)."""
+    data = json.loads(path.read_text())
+    if "rounds" not in data:
+        raise SystemExit(f"{path}: no per-round samples (written by an older version)")
+    stored = data["args"]
+    args.requests, args.rate = int(stored["requests"]), float(stored["rate"])
+    args.lengths, args.tokens, args.seed = (
+        stored["lengths"],
+        int(stored["tokens"]),
+        int(stored["seed"]),
+    )
+    args.statistic = stored.get("statistic", args.statistic)
+    rounds = []
+    for item in data["rounds"]:
+        cal = item["calibration"]
+        samples = (
+            [PrefillSample(**p) for p in cal["prefill"]],
+            [StepSample(**s) for s in cal["steps"]],
+            [Sample(**h) for h in cal["handoffs"]],
+        )
+        fit = fit_engine(
+            cal["engine"], cal["decode_engine"], cal["model"], *samples, args.statistic
+        )
+        rounds.append({"calibration": fit, "live": item["live"], "load": tuple(item["load"])})
+    arrivals = [tuple(a) for a in data["arrivals"]]
+    folder = Path(tempfile.mkdtemp(prefix="narwhal-reanalyse-"))
+    print(f"reanalysing {path} (its live requests, its samples refitted)")
+    compare(rounds, arrivals, args, folder, {"reanalysed_from": path.name})  # type: ignore[arg-type]
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--producer", help="producer URL (default: start a pair)")
+    parser.add_argument("--consumer", help="consumer URL")
+    parser.add_argument(
+        "--runs", type=int, default=2, help="rounds of (calibrate, then the workload live)"
+    )
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.5,
+        help="requests per second (Poisson; 1.0 saturates 2 cores)",
+    )
+    parser.add_argument("--lengths", default="64,256,512,1024", help="prompt tokens, drawn")
+    parser.add_argument("--tokens", type=int, default=32, help="output tokens per request")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=5, help="calibration repeats per point")
+    parser.add_argument("--statistic", choices=["median", "min"], default="median")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm")
+    parser.add_argument(
+        "--reanalyse",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="no engines: refit a results file's samples with the current fit, simulate again",
+    )
+    args = parser.parse_args()
+    if args.reanalyse:
+        return reanalyse(args.reanalyse, args)
+    # a SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so the engines it started are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    lengths = [int(n) for n in args.lengths.split(",")]
+    arrivals = workload(args.requests, args.rate, lengths, args.tokens, args.seed)
+    folder = Path(tempfile.mkdtemp(prefix="narwhal-calibration-"))
+    engines = []
+    rounds: list[dict[str, Any]] = []
+    try:
+        if args.producer and args.consumer:
+            producer, consumer = args.producer.rstrip("/"), args.consumer.rstrip("/")
+        else:
+            model = build_tiny_model(
+                args.venv / "narwhal-models" / "tiny-llama-seed0", venv=args.venv
+            )
+            started = time.monotonic()
+            engines = start_engines(pair_specs(model), folder, venv=args.venv)
+            wait_pair_ready(engines[0], engines[1])
+            print(f"pair healthy after {time.monotonic() - started:.0f} s (logs in {folder})")
+            producer, consumer = engines[0].url, engines[1].url
+        config = folder / "narwhal.toml"
+        config.write_text(config_text(producer, consumer))
+        with narwhal_serve(config, folder / "narwhal.log") as url:
+            for index in range(args.runs):
+                print(f"round {index + 1}: calibrating {producer} -> {consumer} ...", flush=True)
+                load = os.getloadavg()[0]
+                cal = calibrate_engine(
+                    producer, consumer, model=MODEL_NAME, repeats=args.repeats,
+                    seed=args.seed + index, statistic=args.statistic,
+                )  # fmt: skip
+                print(engine_report(cal), flush=True)
+                started = time.monotonic()
+                records = asyncio.run(live_run(url, arrivals))
+                rounds.append(
+                    {"calibration": cal, "live": records, "load": (load, os.getloadavg()[0])}
+                )
+                failed = sum(not r["ok"] for r in records)
+                print(
+                    f"round {index + 1}: live, {len(records)} requests in "
+                    f"{time.monotonic() - started:.0f} s, {failed} failed; load average "
+                    f"{load:.1f} (calibration start) -> {os.getloadavg()[0]:.1f} (live end)",
+                    flush=True,
+                )
+    finally:
+        stop_all(engines)
+    compare(rounds, arrivals, args, folder)
     return 0
 
 

@@ -105,14 +105,28 @@ class Calibration:
         return statistics.median(p[key] for p in self.points)
 
 
-def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Line:
-    """Ordinary least squares ``y = a + b x`` (needs two distinct x)."""
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mean_x) ** 2 for x in xs)
-    if var == 0:
-        raise ValueError("need at least two distinct prompt lengths")
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
-    return Line(mean_y - slope * mean_x, slope)
+def fit_line(xs: Sequence[float], ys: Sequence[float], *, relative: bool = False) -> Line:
+    """Least squares ``y = a + b x`` (needs two distinct x): ordinary, or with ``relative``
+    minimising the squared *relative* errors ``((a + b x - y) / y)^2`` (weights ``1 / y^2``),
+    so that one large point (a 16-stream step at a knee, a slow outlier) cannot pull the line
+    away from the small ones, which are what a lightly loaded workload runs at."""
+    if len(set(xs)) < 2:
+        raise ValueError("need at least two distinct x values")
+    if not relative:
+        mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+        var = sum((x - mean_x) ** 2 for x in xs)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
+        return Line(mean_y - slope * mean_x, slope)
+    if any(y <= 0 for y in ys):
+        raise ValueError("a relative fit needs positive y values")
+    w = [1.0 / (y * y) for y in ys]
+    sw = sum(w)
+    swx = sum(wi * x for wi, x in zip(w, xs, strict=True))
+    swy = sum(wi * y for wi, y in zip(w, ys, strict=True))
+    swxx = sum(wi * x * x for wi, x in zip(w, xs, strict=True))
+    swxy = sum(wi * x * y for wi, x, y in zip(w, xs, ys, strict=True))
+    slope = (sw * swxy - swx * swy) / (sw * swxx - swx * swx)
+    return Line((swy - slope * swx) / sw, slope)
 
 
 def unique_prompt(length: int, rng: random.Random) -> str:
@@ -503,7 +517,7 @@ def fit_engine(
     result.statistic = statistic
     batches, step_s = _reduce([(s.batch, s.step_s) for s in steps], statistic)
     if len(batches) >= 2:
-        step_line = fit_line(batches, step_s)
+        step_line = fit_line(batches, step_s, relative=True)
         result.decode_s_per_seq = max(step_line.slope, 0.0)
         result.decode_s_per_token = max(step_line.at(1), 1e-9)
     else:

@@ -18,6 +18,7 @@ from narwhal.vllm.calibrate import (
     StepSample,
     engine_report,
     fit_engine,
+    fit_line,
     steady_step_s,
 )
 
@@ -47,6 +48,21 @@ def test_fit_recovers_the_parameters() -> None:
     assert "fit error (mean |relative|): " in engine_report(fit)
     fastest = fit_engine("http://p", "http://d", "m", prefill, steps, handoffs, "min")
     assert fastest.decode_s_per_token == pytest.approx(D)
+
+
+def test_relative_line_keeps_the_small_points_when_one_point_is_far_off() -> None:
+    xs, ys = [1, 2, 4, 8, 16], [0.00476, 0.00527, 0.00532, 0.00615, 0.03862]  # run G's steps
+    ordinary, relative = fit_line(xs, ys), fit_line(xs, ys, relative=True)
+    assert ordinary.at(1) < 0.001  # pulled down to a tenth of the one-stream step by the knee
+    assert relative.at(1) == pytest.approx(0.00476, rel=0.15)
+    errors = [abs(relative.at(x) - y) / y for x, y in zip(xs, ys, strict=True)]
+    assert sorted(errors)[2] < 0.15  # the median point within 15 %
+    exact = fit_line([1, 2, 3], [2.0, 3.0, 4.0], relative=True)
+    assert (exact.intercept, exact.slope) == pytest.approx((1.0, 1.0))
+    with pytest.raises(ValueError):
+        fit_line([1, 1], [1.0, 2.0], relative=True)
+    with pytest.raises(ValueError):
+        fit_line([1, 2], [0.0, 2.0], relative=True)
 
 
 def test_single_engine_has_no_kv_term_and_errors_are_reported() -> None:
