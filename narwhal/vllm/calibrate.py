@@ -509,10 +509,10 @@ def fit_engine(
 ) -> EngineCalibration:
     """Least-squares lines through each point's ``statistic`` of its repeats: the step time
     against the batch, by relative error (``decode_s_per_token`` is its value at one stream,
-    ``decode_s_per_seq`` its slope; see :func:`fit_line`), the prefill leg against the prompt (``overhead_s`` is its intercept less one
-    decode step), the decode legs' first token against the prompt (``kv_s_per_token`` is its
-    slope, ``kv_setup_s`` its intercept less one decode step: the simulated decode leg's first
-    token is the KV pull, then one step)."""
+    ``decode_s_per_seq`` its slope; see :func:`fit_line`), the prefill leg against the prompt
+    (``overhead_s`` is its intercept less one decode step), the decode legs' first token
+    against the prompt (``kv_s_per_token`` is its slope, ``kv_setup_s`` its intercept less one
+    decode step: the simulated decode leg's first token is the KV pull, then one step)."""
     result = EngineCalibration(engine, decode_engine, model, prefill, steps, handoffs)
     result.statistic = statistic
     batches, step_s = _reduce([(s.batch, s.step_s) for s in steps], statistic)
