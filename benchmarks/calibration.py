@@ -47,6 +47,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from narwhal.core.sse import EventKind  # noqa: E402
+from narwhal.engines.client import EngineClient, EngineError  # noqa: E402
 from narwhal.sim.results import percentile, record_rows  # noqa: E402
 from narwhal.sim.runner import run as simulate  # noqa: E402
 from narwhal.sim.scenario import load_scenario  # noqa: E402
@@ -191,6 +193,52 @@ async def live_run(url: str, arrivals: list[tuple[float, int, int]]) -> list[dic
         )
 
 
+async def one_direct_request(
+    producer: EngineClient, consumer: EngineClient, delay: float, prompt: int, output: int
+) -> dict[str, Any]:
+    """The same request with no router process: the client runs both legs itself."""
+    await asyncio.sleep(delay)
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt_text(prompt),
+        "max_tokens": output,
+        "temperature": 0,
+        "stream": True,
+    }
+    sent = time.perf_counter()
+    stamps: list[float] = []
+    text = 0
+    ok = True
+    try:
+        handoff = await producer.prefill(body)
+        async for event in consumer.decode(handoff, body):
+            if event.kind is EventKind.TOKEN and event.payload is not None:
+                chunk = "".join(c.get("text") or "" for c in event.payload.get("choices", []))
+                stamps.append(time.perf_counter())
+                text += len(chunk)
+    except EngineError:
+        ok = False
+    ok = ok and text == output and len(stamps) > 0
+    return {
+        "prompt_tokens": prompt,
+        "output_tokens": text,
+        "ok": ok,
+        "ttft_s": stamps[0] - sent if stamps else None,
+        "tpot_s": (stamps[-1] - stamps[0]) / (text - 1) if ok and text > 1 else None,
+    }
+
+
+async def direct_run(
+    producer_url: str, consumer_url: str, arrivals: list[tuple[float, int, int]]
+) -> list[dict[str, Any]]:
+    producer, consumer = EngineClient.http(producer_url), EngineClient.http(consumer_url)
+    return list(
+        await asyncio.gather(
+            *(one_direct_request(producer, consumer, t, p, o) for t, p, o in arrivals)
+        )
+    )
+
+
 def sim_run(
     arrivals: list[tuple[float, int, int]], cal: EngineCalibration, folder: Path, seed: int
 ) -> list[dict[str, Any]]:
@@ -312,6 +360,14 @@ def compare(
         "is client-side through narwhal serve, sim TTFT the router's first_byte_s)"
     )
     print(engine_report(pooled).splitlines()[-1].replace("fit error", "pooled fit error"))
+    for index, item in enumerate(rounds):
+        if item.get("direct"):
+            direct = live_values(item["direct"])
+            print(
+                f"round {index + 1} with no router (the client runs both legs): TTFT p50 "
+                f"{pct(direct['ttft'], 50) * 1e3:.1f} ms, TPOT p50 "
+                f"{pct(direct['tpot'], 50) * 1e3:.1f} ms"
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = args.out / f"calibration-{stamp}.json"
@@ -356,7 +412,10 @@ def reanalyse(path: Path, args: argparse.Namespace) -> int:
         fit = fit_engine(
             cal["engine"], cal["decode_engine"], cal["model"], *samples, args.statistic
         )
-        rounds.append({"calibration": fit, "live": item["live"], "load": tuple(item["load"])})
+        rounds.append(
+            {"calibration": fit, "live": item["live"], "load": tuple(item["load"])}
+            | ({"direct": item["direct"]} if "direct" in item else {})
+        )
     arrivals = [tuple(a) for a in data["arrivals"]]
     folder = Path(tempfile.mkdtemp(prefix="narwhal-reanalyse-"))
     print(f"reanalysing {path} (its live requests, its samples refitted)")
@@ -385,6 +444,11 @@ def main() -> int:
     parser.add_argument("--statistic", choices=["median", "min"], default="median")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm")
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="after each routed run, the same arrivals with no router (client runs both legs)",
+    )
     parser.add_argument(
         "--reanalyse",
         type=Path,
@@ -429,6 +493,8 @@ def main() -> int:
                 rounds.append(
                     {"calibration": cal, "live": records, "load": (load, os.getloadavg()[0])}
                 )
+                if args.direct:
+                    rounds[-1]["direct"] = asyncio.run(direct_run(producer, consumer, arrivals))
                 failed = sum(not r["ok"] for r in records)
                 print(
                     f"round {index + 1}: live, {len(records)} requests in "
