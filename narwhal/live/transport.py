@@ -141,13 +141,28 @@ def _failure(error: httpx.HTTPError) -> ConnectFailed | TimedOut:
     return ConnectFailed("reset")
 
 
+# An idle pooled connection is dropped after this long, well before the engines' servers close
+# it (uvicorn's and vLLM's keep-alive timeout is 5 s, which is also httpx's default expiry): with
+# equal timeouts a health check every 5 s raced the server's close, read a reset and ejected a
+# healthy engine (seen on the real vLLM pair: 9 of 40 requests answered 503 "no engine").
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 class HttpxTransport:
     """Engine calls over one pooled ``httpx.AsyncClient``; use as ``async with``."""
 
-    def __init__(self, clock: Clock, *, max_connections: int = 1000) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        max_connections: int = 1000,
+        keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
+    ) -> None:
         self._clock = clock
         self._limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=keepalive_expiry_s,
         )
         self._client: httpx.AsyncClient | None = None
         self._http: httpx.AsyncHTTPTransport | None = None

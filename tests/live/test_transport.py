@@ -8,9 +8,9 @@ from typing import Any
 
 import anyio
 
-from narwhal.core.ports import Chunk, StreamOpened, TimedOut
+from narwhal.core.ports import Chunk, Reply, StreamOpened, TimedOut
 from narwhal.live.clock import AnyioClock
-from narwhal.live.transport import HttpxTransport
+from narwhal.live.transport import KEEPALIVE_EXPIRY_S, HttpxTransport
 from tests.live.conftest import Emulator
 
 BODY = {"prompt": "hello", "max_tokens": 3, "stream": True}
@@ -116,3 +116,34 @@ def test_read_deadlines_time_out_and_outer_cancellation_propagates(
     got_chunk, timed_out, waited, propagated = anyio.run(main)
     assert got_chunk and timed_out and propagated
     assert 0.15 < waited < 2.0
+
+
+def test_idle_connections_expire_before_the_engines_close_them(
+    emulator: Callable[..., Emulator],
+) -> None:
+    """A connection idle past the expiry is not reused (a fresh one is opened), and the expiry
+    is below the 5 s keep-alive timeout of uvicorn and vLLM, so a periodic health check never
+    races the engine closing its idle connection."""
+    assert KEEPALIVE_EXPIRY_S < 5.0
+    engine = emulator(role="both")
+
+    async def main() -> list[bool]:
+        clock = AnyioClock()
+        async with HttpxTransport(clock, keepalive_expiry_s=0.3) as transport:
+            pool: Any = transport.client._transport._pool
+            reused: list[bool] = []
+            for pause in (0.05, 0.6):
+                reply = await transport.call(
+                    engine.url, "GET", "/health", None, {}, clock.now() + 5
+                )
+                assert isinstance(reply, Reply) and reply.status == 200
+                before = list(pool.connections)
+                await anyio.sleep(pause)
+                reply = await transport.call(
+                    engine.url, "GET", "/health", None, {}, clock.now() + 5
+                )
+                assert isinstance(reply, Reply) and reply.status == 200
+                reused.append(any(c in before for c in pool.connections))
+            return reused
+
+    assert anyio.run(main) == [True, False]  # kept within the expiry, replaced after it
