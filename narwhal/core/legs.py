@@ -130,9 +130,6 @@ def timeout_fault(
     )
 
 
-_NO_EVENT = SseEvent(EventKind.METADATA, "")
-
-
 class DecodeReader:
     """The rules of one decode stream as a sans-IO object: the deadline for the next read, and
     what each read means.
@@ -154,9 +151,6 @@ class DecodeReader:
         "feed",
         "first_token_timeout_s",
         "got_token",
-        "last_event",
-        "last_read",
-        "parser",
         "request_deadline",
     )
 
@@ -177,10 +171,7 @@ class DecodeReader:
         self.got_token = False
         self.done = False
         self.fault: Fault | None = None
-        self.parser = SseParser()
-        self.feed = self.parser.feed
-        self.last_read: bytes | None = None  # the last read that was one whole plain event
-        self.last_event = _NO_EVENT  # ... and that event (TOKEN or METADATA)
+        self.feed = SseParser().feed
 
     def read(self, result: ChunkResult, now: float) -> list[tuple[float, SseEvent]]:
         """The events of one read result, each with its arrival time (see the class)."""
@@ -218,22 +209,6 @@ class DecodeReader:
 
     def _take(self, at: float, data: bytes, out: list[tuple[float, SseEvent]]) -> None:
         """One transport read that arrived at ``at``."""
-        if data == self.last_read:  # the same bytes as the last plain one-event read: the
-            event = self.last_event  # parser was left empty by it, so they mean the same
-            if event.kind is EventKind.TOKEN:
-                self.got_token = True
-            out.append((at, event))
-        else:
-            self._parse(at, data, out)
-            if self.fault is not None or self.done:
-                return
-        if self.got_token:  # any chunk, metadata too, resets the silence timer
-            timeout = self.decode_read_timeout_s
-            bound = at + timeout if timeout > 0 else self.request_deadline
-            self.deadline = bound if bound < self.request_deadline else self.request_deadline
-
-    def _parse(self, at: float, data: bytes, out: list[tuple[float, SseEvent]]) -> None:
-        start = len(out)
         for event in self.feed(data):
             kind = event.kind
             if kind is EventKind.TOKEN:
@@ -268,16 +243,10 @@ class DecodeReader:
                 self.done = True
                 return
             out.append((at, event))
-        if (  # remember a read of one whole plain event that leaves the parser as it found it
-            len(out) == start + 1
-            and data.startswith(b"data: ")
-            and data.endswith(b"\n\n")
-            and b"\r" not in data
-            and not self.parser.pending
-        ):
-            self.last_read, self.last_event = data, out[start][1]
-        else:
-            self.last_read = None
+        if self.got_token:  # any chunk, metadata too, resets the silence timer
+            timeout = self.decode_read_timeout_s
+            bound = at + timeout if timeout > 0 else self.request_deadline
+            self.deadline = bound if bound < self.request_deadline else self.request_deadline
 
 
 async def stream_events(

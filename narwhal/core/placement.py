@@ -46,7 +46,6 @@ class Placement:
     def __init__(
         self, roles: dict[str, Role], breaker: Breaker, rng: random.Random, log: DecisionLog
     ) -> None:
-        self._roles = roles
         self._breaker = breaker
         self._rng = rng
         self._log = log
@@ -56,10 +55,6 @@ class Placement:
             "prefill": [url for url, role in roles.items() if role.produces],
             "decode": [url for url, role in roles.items() if role.consumes],
         }
-
-    def serves(self, url: str, phase: str) -> bool:
-        role = self._roles[url]
-        return role.produces if phase == "prefill" else role.consumes
 
     def candidates(self, phase: str, now: float) -> list[str]:
         placeable = self._breaker.placeable

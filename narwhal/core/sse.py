@@ -219,6 +219,7 @@ class SseParser:
         "_data",
         "_data_bytes",
         "_last_block",
+        "_last_chunk",
         "_last_event",
         "_max_event_bytes",
         "_partial",
@@ -234,9 +235,11 @@ class SseParser:
         self._skip_lf = False  # the last chunk ended in CR: an LF starting the next is its pair
         self._start = True  # no line completed yet: a leading BOM is still to be dropped
         self._closed = False
-        # the last whole event taken on the fast path, as bytes, and its (immutable) event
+        # the last whole event taken on the fast path, as bytes, and its (immutable) event;
+        # the last chunk that was exactly that one event (None: none yet)
         self._last_block = b""
         self._last_event = SseEvent(EventKind.MALFORMED, "")
+        self._last_chunk: bytes | None = None
 
     @property
     def pending(self) -> bool:
@@ -247,6 +250,8 @@ class SseParser:
         """Take the next bytes of the stream; return the events they complete, in order."""
         if self._closed:
             raise RuntimeError("SseParser.feed() after close()")
+        if chunk == self._last_chunk and not (self._partial or self._data or self._skip_lf):
+            return [self._last_event]  # the last one-event chunk again, from the same clean state
         events: list[SseEvent] = []
         if not chunk:
             return events
@@ -270,6 +275,7 @@ class SseParser:
                         self._last_block = block
                         self._last_event = _classify_block(block)
                     events.append(self._last_event)
+                self._last_chunk = chunk if len(blocks) == 1 else None
                 if self._max_event_bytes is not None:
                     self._check_size()
                 return events

@@ -668,3 +668,17 @@ def test_wire_round_trip(data: str) -> None:
 def test_wire_round_trip_any_text(data: str) -> None:
     event = classify(data)
     assert parse(event.wire()) == [event]
+
+
+def test_a_repeated_chunk_means_what_it_meant_and_only_from_a_clean_state() -> None:
+    a = b'data: {"choices":[{"text":"a"}]}\n\n'
+    b = b'data: {"choices":[{"text":"b"}]}\n\n'
+    c = b'data: {"choices":[{"text":""}]}\n\n'
+    parser = SseParser()
+    first = parser.feed(a)
+    assert parser.feed(a) == first
+    assert [e.data for e in parser.feed(b + c)] == [b[6:-2].decode(), c[6:-2].decode()]
+    assert parser.feed(a) == first  # not the last event classified (c): the chunk's own
+    assert parser.feed(a[:10]) == []  # held: the same bytes next are not a whole event
+    assert [e.data for e in parser.feed(a)] == [(a[:10] + a)[6:].split(b"\n")[0].decode()]
+    assert parser.feed(a) == first
