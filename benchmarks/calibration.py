@@ -141,18 +141,33 @@ def prompt_text(tokens: int) -> str:
     return body[: tokens - 1]
 
 
-async def one_request(
-    http: httpx.AsyncClient, url: str, delay: float, prompt: int, output: int
-) -> dict[str, Any]:
-    await asyncio.sleep(delay)
-    body = {
+def request_body(prompt: int, output: int) -> dict[str, Any]:
+    """One streamed completion of the workload (a unique prompt of ``prompt`` tokens)."""
+    return {
         "model": MODEL_NAME,
         "prompt": prompt_text(prompt),
         "max_tokens": output,
         "temperature": 0,
         "stream": True,
-        "stream_options": {"include_usage": True},
     }
+
+
+def timed(prompt: int, tokens: int, ok: bool, sent: float, stamps: list[float]) -> dict[str, Any]:
+    """A request's record: client-side TTFT (sent -> first token) and TPOT."""
+    return {
+        "prompt_tokens": prompt,
+        "output_tokens": tokens,
+        "ok": ok,
+        "ttft_s": stamps[0] - sent if stamps else None,
+        "tpot_s": (stamps[-1] - stamps[0]) / (tokens - 1) if ok and tokens > 1 else None,
+    }
+
+
+async def one_request(
+    http: httpx.AsyncClient, url: str, delay: float, prompt: int, output: int
+) -> dict[str, Any]:
+    await asyncio.sleep(delay)
+    body = request_body(prompt, output) | {"stream_options": {"include_usage": True}}
     sent = time.perf_counter()
     stamps: list[float] = []
     text = 0
@@ -175,14 +190,7 @@ async def one_request(
                 tokens = int(event["usage"]["completion_tokens"])
     tokens = tokens or text  # the tiny model: one character per token
     ok = status == 200 and len(stamps) > 0 and tokens == output
-    return {
-        "prompt_tokens": prompt,
-        "output_tokens": tokens,
-        "status": status,
-        "ok": ok,
-        "ttft_s": stamps[0] - sent if stamps else None,
-        "tpot_s": (stamps[-1] - stamps[0]) / (tokens - 1) if ok and tokens > 1 else None,
-    }
+    return timed(prompt, tokens, ok, sent, stamps) | {"status": status}
 
 
 async def live_run(url: str, arrivals: list[tuple[float, int, int]]) -> list[dict[str, Any]]:
@@ -198,13 +206,7 @@ async def one_direct_request(
 ) -> dict[str, Any]:
     """The same request with no router process: the client runs both legs itself."""
     await asyncio.sleep(delay)
-    body = {
-        "model": MODEL_NAME,
-        "prompt": prompt_text(prompt),
-        "max_tokens": output,
-        "temperature": 0,
-        "stream": True,
-    }
+    body = request_body(prompt, output)
     sent = time.perf_counter()
     stamps: list[float] = []
     text = 0
@@ -218,14 +220,7 @@ async def one_direct_request(
                 text += len(chunk)
     except EngineError:
         ok = False
-    ok = ok and text == output and len(stamps) > 0
-    return {
-        "prompt_tokens": prompt,
-        "output_tokens": text,
-        "ok": ok,
-        "ttft_s": stamps[0] - sent if stamps else None,
-        "tpot_s": (stamps[-1] - stamps[0]) / (text - 1) if ok and text > 1 else None,
-    }
+    return timed(prompt, text, ok and text == output and len(stamps) > 0, sent, stamps)
 
 
 async def direct_run(
