@@ -12,7 +12,8 @@ at the end. Then:
    ``--requests`` streamed completions with Poisson arrivals at ``--rate`` (seeded; the same
    arrivals every round), prompts drawn from ``--lengths`` tokens, ``--tokens`` output tokens,
    each prompt unique (no prefix-cache hits); client-side TTFT (request sent to first token)
-   and TPOT ((last token - first token) / (tokens - 1));
+   and TPOT ((last token - first token) / (tokens - 1)); right before and after it, a step check
+   (the consumer's one-stream decode step and this machine's speed, :func:`step_check`);
 3. the same arrivals through the simulator (a trace file of the arrivals, ``timing = "linear"``
    with the round's calibrated parameters): the router's ``first_byte_s`` and ``tpot_s``; and
    once more with a fit of all rounds' samples together ("pooled"), compared with all rounds'
@@ -32,10 +33,12 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import timeit
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,6 +64,7 @@ from narwhal.vllm.calibrate import (  # noqa: E402
     engine_json,
     engine_report,
     fit_engine,
+    time_batch,
 )
 from narwhal.vllm.engines import (  # noqa: E402
     MODEL_NAME,
@@ -277,6 +281,19 @@ def sim_run(
     return rows
 
 
+def step_check(consumer: str, seed: int, repeats: int = 3) -> dict[str, float]:
+    """Right before and right after a live run: the consumer's one-stream decode step (the
+    median of ``repeats`` :func:`time_batch`, short prompts, 32 tokens) and this machine's
+    speed (``sum(range(1000))`` in microseconds, the best of 5), to see whether the step the
+    calibration measured still held while the workload ran."""
+    rng = random.Random(seed)
+    steps = [
+        asyncio.run(time_batch(consumer, MODEL_NAME, 1, 32, rng)).step_s for _ in range(repeats)
+    ]
+    reference = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
+    return {"step_s": statistics.median(steps), "reference_us": reference * 1e6}
+
+
 def pct(values: list[float], q: float) -> float:
     got = percentile(values, q)
     return float("nan") if got is None else got
@@ -356,6 +373,15 @@ def compare(
     )
     print(engine_report(pooled).splitlines()[-1].replace("fit error", "pooled fit error"))
     for index, item in enumerate(rounds):
+        if item.get("step_check"):
+            check = item["step_check"]
+            print(
+                f"round {index + 1} step check (one stream): calibrated "
+                f"{item['calibration'].decode_s_per_token * 1e3:.1f} ms; before the live run "
+                f"{check['before']['step_s'] * 1e3:.1f} ms, after it "
+                f"{check['after']['step_s'] * 1e3:.1f} ms; machine reference "
+                f"{check['before']['reference_us']:.1f} -> {check['after']['reference_us']:.1f} us"
+            )
         if item.get("direct"):
             direct = live_values(item["direct"])
             print(
@@ -410,6 +436,7 @@ def reanalyse(path: Path, args: argparse.Namespace) -> int:
         rounds.append(
             {"calibration": fit, "live": item["live"], "load": tuple(item["load"])}
             | ({"direct": item["direct"]} if "direct" in item else {})
+            | ({"step_check": item["step_check"]} if "step_check" in item else {})
         )
     arrivals = [tuple(a) for a in data["arrivals"]]
     folder = Path(tempfile.mkdtemp(prefix="narwhal-reanalyse-"))
@@ -483,10 +510,17 @@ def main() -> int:
                     seed=args.seed + index, statistic=args.statistic,
                 )  # fmt: skip
                 print(engine_report(cal), flush=True)
+                before = step_check(consumer, args.seed + index)
                 started = time.monotonic()
                 records = asyncio.run(live_run(url, arrivals))
+                after = step_check(consumer, args.seed + index)
                 rounds.append(
-                    {"calibration": cal, "live": records, "load": (load, os.getloadavg()[0])}
+                    {
+                        "calibration": cal,
+                        "live": records,
+                        "load": (load, os.getloadavg()[0]),
+                        "step_check": {"before": before, "after": after},
+                    }
                 )
                 if args.direct:
                     rounds[-1]["direct"] = asyncio.run(direct_run(producer, consumer, arrivals))

@@ -404,22 +404,35 @@ def steady_step_s(streams: Sequence[Sequence[tuple[float, int]]]) -> float:
 
 
 async def _batch_span(
-    http: httpx.AsyncClient, engine: str, body: dict[str, Any], batch: int, rng: random.Random
+    http: httpx.AsyncClient,
+    engine: str,
+    body: dict[str, Any],
+    batch: int,
+    rng: random.Random,
+    prompt_length: int,
 ) -> tuple[float, list[list[tuple[float, int]]]]:
     """``batch`` concurrent streams: seconds from sending them to the last token of all."""
+    prompts = [unique_prompt(prompt_length, rng) for _ in range(batch)]
     sent = time.perf_counter()
     streams = await asyncio.gather(
-        *(_stream(http, engine, {**body, "prompt": unique_prompt(24, rng)}) for _ in range(batch))
+        *(_stream(http, engine, {**body, "prompt": prompt}) for prompt in prompts)
     )
     return max(marks[-1][0] for marks in streams if marks) - sent, streams
 
 
 async def time_batch(
-    engine: str, model: str, batch: int, tokens: int, rng: random.Random, timeout: float = 300
+    engine: str,
+    model: str,
+    batch: int,
+    tokens: int,
+    rng: random.Random,
+    timeout: float = 300,
+    prompt_length: int = 24,
 ) -> StepSample:
-    """The decode step of ``batch`` concurrent streams (short unique prompts): the span from
-    sending ``batch`` streams of ``tokens`` tokens to their last token, less the span of
-    ``batch`` one-token streams (the prefill and the HTTP round trip), over ``tokens - 1``.
+    """The decode step of ``batch`` concurrent streams (unique prompts of ``prompt_length``
+    characters, short by default): the span from sending ``batch`` streams of ``tokens`` tokens
+    to their last token, less the span of ``batch`` one-token streams (the prefill and the HTTP
+    round trip), over ``tokens - 1``.
 
     A client's clock cannot see a step directly on a busy machine: when the API server is
     starved of CPU the engine keeps stepping and the tokens arrive later in a burst, so gaps
@@ -433,8 +446,9 @@ async def time_batch(
     }
     limits = httpx.Limits(max_connections=batch + 4)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
-        short, _ = await _batch_span(http, engine, {**body, "max_tokens": 1}, batch, rng)
-        full, streams = await _batch_span(http, engine, body, batch, rng)
+        one = {**body, "max_tokens": 1}
+        short, _ = await _batch_span(http, engine, one, batch, rng, prompt_length)
+        full, streams = await _batch_span(http, engine, body, batch, rng, prompt_length)
     step = (full - short) / (tokens - 1)
     return StepSample(batch, step if step > 0 else steady_step_s(streams))
 

@@ -3,12 +3,16 @@ snippet in the simulator, and the linear timing's batch and KV-setup terms."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import random
 import tomllib
+from collections.abc import Iterator
 
 import pytest
 
 from narwhal.cli import build_parser
+from narwhal.live.emulator.timing import LinearTiming
 from narwhal.sim.runner import run
 from narwhal.sim.scenario import parse_scenario
 from narwhal.sim.timing import LinearStepTiming
@@ -20,7 +24,9 @@ from narwhal.vllm.calibrate import (
     fit_engine,
     fit_line,
     steady_step_s,
+    time_batch,
 )
+from tests.live.conftest import Servers, start_emulator
 
 D, S, A, OVH, K, SETUP = 0.005, 0.0004, 0.0003, 0.02, 0.00002, 0.06
 
@@ -112,3 +118,27 @@ def test_command_is_registered() -> None:
     assert args.batches == [1, 4] and args.decode_engine is None and args.statistic == "median"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["calibrate", "--engine", "http://e", "--batches", "0"])
+
+
+@pytest.fixture
+def servers() -> Iterator[Servers]:
+    running = Servers()
+    try:
+        yield running
+    finally:
+        running.stop_all()
+
+
+def test_time_batch_sends_prompts_of_the_asked_length(servers: Servers) -> None:
+    """Over loopback against an emulated engine: the step is timed on prompts of
+    ``prompt_length`` characters (the emulator counts the prompt tokens it computes)."""
+    engine = start_emulator(servers, timing=LinearTiming(decode_s_per_token=0.002))
+    computed: list[int] = []
+    for length in (24, 600):
+        before = engine.app.counts["local_tokens"]
+        sample = asyncio.run(
+            time_batch(engine.url, "tiny-llama", 2, 5, random.Random(0), prompt_length=length)
+        )
+        assert sample.batch == 2 and sample.step_s > 0
+        computed.append(engine.app.counts["local_tokens"] - before)
+    assert computed[1] > 10 * computed[0] > 0

@@ -1,0 +1,84 @@
+"""What sets the decode step on the real CPU pair: the context length, or decoding after a KV pull?
+
+    .venv/bin/python benchmarks/decode_step.py [--repeats 4] [--lengths 24,256,1024]
+
+Starts a NixlConnector pair of the CPU vLLM (``narwhal.vllm.engines``, ``.venv-vllm``), then,
+``--repeats`` times and for each prompt length: the consumer's one-stream decode step with a plain
+prompt of that length (:func:`narwhal.vllm.calibrate.time_batch`, what ``narwhal calibrate``
+measures, there with 24-character prompts), then the time per token of a decode after a real KV
+handoff of a prompt of the same length (:func:`narwhal.vllm.calibrate.time_handoff`, producer ->
+consumer, no router). Prints each point's median and every sample. A diagnostic for the TPOT gap
+in docs/vllm.md section 4 (not a test); the pair is stopped at the end, SIGTERM included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import signal
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from narwhal.vllm.calibrate import time_batch, time_handoff, unique_prompt  # noqa: E402
+from narwhal.vllm.engines import (  # noqa: E402
+    MODEL_NAME,
+    build_tiny_model,
+    pair_specs,
+    start_engines,
+    stop_all,
+    wait_pair_ready,
+)
+
+TOKENS = 32
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--lengths", default="24,256,1024")
+    parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm")
+    args = parser.parse_args()
+    lengths = [int(n) for n in args.lengths.split(",")]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    model = build_tiny_model(args.venv / "narwhal-models" / "tiny-llama-seed0", venv=args.venv)
+    folder = Path(tempfile.mkdtemp(prefix="narwhal-decode-step-"))
+    engines = start_engines(pair_specs(model), folder, venv=args.venv)
+    plain: dict[int, list[float]] = {n: [] for n in lengths}
+    handoff: dict[int, list[float]] = {n: [] for n in lengths}
+    try:
+        wait_pair_ready(engines[0], engines[1])
+        producer, consumer = engines[0].url, engines[1].url
+        rng = random.Random(0)
+        with httpx.Client(timeout=120) as http:
+            time_handoff(http, producer, consumer, unique_prompt(32, rng), MODEL_NAME, 8)
+            for _ in range(args.repeats):
+                for n in lengths:
+                    step = asyncio.run(
+                        time_batch(consumer, MODEL_NAME, 1, TOKENS, rng, prompt_length=n)
+                    )
+                    plain[n].append(step.step_s)
+                    sample = time_handoff(
+                        http, producer, consumer, unique_prompt(n, rng), MODEL_NAME, TOKENS
+                    )
+                    handoff[n].append(sample.decode_s_per_token)
+    finally:
+        stop_all(engines)
+    for n in lengths:
+        for name, values in (("plain step", plain[n]), ("after handoff", handoff[n])):
+            every = ", ".join(f"{v * 1e3:.2f}" for v in values)
+            print(
+                f"prompt {n:5d} chars, {name:13s}: median {statistics.median(values) * 1e3:.2f} "
+                f"ms per token (all: {every})"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
