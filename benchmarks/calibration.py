@@ -230,12 +230,15 @@ async def one_direct_request(
 async def direct_run(
     producer_url: str, consumer_url: str, arrivals: list[tuple[float, int, int]]
 ) -> list[dict[str, Any]]:
-    producer, consumer = EngineClient.http(producer_url), EngineClient.http(consumer_url)
-    return list(
-        await asyncio.gather(
-            *(one_direct_request(producer, consumer, t, p, o) for t, p, o in arrivals)
+    async with (
+        EngineClient.http(producer_url) as producer,
+        EngineClient.http(consumer_url) as consumer,
+    ):
+        return list(
+            await asyncio.gather(
+                *(one_direct_request(producer, consumer, t, p, o) for t, p, o in arrivals)
+            )
         )
-    )
 
 
 def sim_run(

@@ -7,11 +7,16 @@ refuses a result whose endpoint or connector does not match before any I/O happe
 
 Usage::
 
-    producer = EngineClient.http("http://127.0.0.1:8100")
-    consumer = EngineClient.http("http://127.0.0.1:8200")
-    result = await producer.prefill({"prompt": "Hello", "max_tokens": 8})
-    async for event in consumer.decode(result, {"prompt": "Hello", "max_tokens": 8}):
-        ...
+    async with (
+        EngineClient.http("http://127.0.0.1:8100") as producer,
+        EngineClient.http("http://127.0.0.1:8200") as consumer,
+    ):
+        result = await producer.prefill({"prompt": "Hello", "max_tokens": 8})
+        async for event in consumer.decode(result, {"prompt": "Hello", "max_tokens": 8}):
+            ...
+
+A client made by :meth:`EngineClient.http` owns its connection pool: leaving ``async with`` (or
+:meth:`aclose`) closes it. A client given a transport leaves that transport to its owner.
 
 Faults raise :class:`EngineError` carrying the core's :class:`~narwhal.core.errors.Fault`
 (with the status the router would have answered).
@@ -21,7 +26,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from narwhal.core.config import EngineSettings
 from narwhal.core.descriptor import prefill_kv_params
@@ -32,6 +38,9 @@ from narwhal.core.requests import COMPLETIONS, decode_body, parse_client_request
 from narwhal.core.retry import handoff_too_old
 from narwhal.core.sse import SseEvent
 from narwhal.engines.connector import PrefillResult
+
+if TYPE_CHECKING:
+    from narwhal.live.transport import HttpxTransport
 
 
 class EngineError(RuntimeError):
@@ -61,15 +70,35 @@ class EngineClient:
         self.settings = settings or EngineSettings()
         self._transport = transport
         self._clock = clock
+        self._owned: HttpxTransport | None = None  # the pool http() opened for this client
 
     @classmethod
     def http(cls, url: str, **options: Any) -> EngineClient:
-        """A client over real HTTP (httpx keep-alive pool, anyio clock)."""
+        """A client over real HTTP (its own httpx keep-alive pool, anyio clock)."""
         from narwhal.live.clock import AnyioClock
         from narwhal.live.transport import HttpxTransport
 
         clock = AnyioClock()
-        return cls(url, transport=HttpxTransport(clock), clock=clock, **options)
+        transport = HttpxTransport(clock)
+        client = cls(url, transport=transport, clock=clock, **options)
+        client._owned = transport
+        return client
+
+    async def aclose(self) -> None:
+        """Close the connection pool this client opened (after its pending stream closes)."""
+        if self._owned is not None:
+            await self._owned.aclose()
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
     async def prefill(
         self, body: dict[str, Any], endpoint: str = COMPLETIONS, request_id: str | None = None
