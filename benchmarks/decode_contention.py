@@ -15,27 +15,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
+from cpu_pair import REPO, running_pair
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from narwhal.vllm.calibrate import time_batch, unique_prompt  # noqa: E402
-from narwhal.vllm.engines import (  # noqa: E402
-    MODEL_NAME,
-    build_tiny_model,
-    pair_specs,
-    start_engines,
-    stop_all,
-    wait_pair_ready,
-)
+from narwhal.vllm.calibrate import time_batch, unique_prompt
+from narwhal.vllm.engines import MODEL_NAME
 
 
 def keep_prefilling(producer: str, stop: threading.Event) -> None:
@@ -51,14 +41,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    model = build_tiny_model(args.venv / "narwhal-models" / "tiny-llama-seed0", venv=args.venv)
-    folder = Path(tempfile.mkdtemp(prefix="narwhal-contention-"))
-    engines = start_engines(pair_specs(model), folder, venv=args.venv)
     samples: dict[str, dict[int, list[float]]] = {"idle": {1: [], 2: []}, "busy": {1: [], 2: []}}
-    try:
-        wait_pair_ready(engines[0], engines[1])
-        producer, consumer = engines[0].url, engines[1].url
+    with running_pair(args.venv, "narwhal-contention-") as (producer, consumer):
         rng = random.Random(0)
         for _ in range(args.repeats):
             for mode in ("idle", "busy"):
@@ -73,8 +57,6 @@ def main() -> int:
                 if mode == "busy":
                     stop.set()
                     worker.join()
-    finally:
-        stop_all(engines)
     for mode, by_batch in samples.items():
         for batch, values in by_batch.items():
             every = ", ".join(f"{v * 1e3:.2f}" for v in values)

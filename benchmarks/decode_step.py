@@ -16,25 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import signal
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import httpx
+from cpu_pair import REPO, running_pair
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from narwhal.vllm.calibrate import time_batch, time_handoff, unique_prompt  # noqa: E402
-from narwhal.vllm.engines import (  # noqa: E402
-    MODEL_NAME,
-    build_tiny_model,
-    pair_specs,
-    start_engines,
-    stop_all,
-    wait_pair_ready,
-)
+from narwhal.vllm.calibrate import time_batch, time_handoff, unique_prompt
+from narwhal.vllm.engines import MODEL_NAME
 
 TOKENS = 32
 
@@ -46,15 +36,9 @@ def main() -> int:
     parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm")
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    model = build_tiny_model(args.venv / "narwhal-models" / "tiny-llama-seed0", venv=args.venv)
-    folder = Path(tempfile.mkdtemp(prefix="narwhal-decode-step-"))
-    engines = start_engines(pair_specs(model), folder, venv=args.venv)
     plain: dict[int, list[float]] = {n: [] for n in lengths}
     handoff: dict[int, list[float]] = {n: [] for n in lengths}
-    try:
-        wait_pair_ready(engines[0], engines[1])
-        producer, consumer = engines[0].url, engines[1].url
+    with running_pair(args.venv, "narwhal-decode-step-") as (producer, consumer):
         rng = random.Random(0)
         with httpx.Client(timeout=120) as http:
             time_handoff(http, producer, consumer, unique_prompt(32, rng), MODEL_NAME, 8)
@@ -68,8 +52,6 @@ def main() -> int:
                         http, producer, consumer, unique_prompt(n, rng), MODEL_NAME, TOKENS
                     )
                     handoff[n].append(sample.decode_s_per_token)
-    finally:
-        stop_all(engines)
     for n in lengths:
         for name, values in (("plain step", plain[n]), ("after handoff", handoff[n])):
             every = ", ".join(f"{v * 1e3:.2f}" for v in values)

@@ -7,7 +7,6 @@ import asyncio
 import math
 import random
 import tomllib
-from collections.abc import Iterator
 
 import pytest
 
@@ -120,25 +119,20 @@ def test_command_is_registered() -> None:
         build_parser().parse_args(["calibrate", "--engine", "http://e", "--batches", "0"])
 
 
-@pytest.fixture
-def servers() -> Iterator[Servers]:
-    running = Servers()
-    try:
-        yield running
-    finally:
-        running.stop_all()
-
-
-def test_time_batch_sends_prompts_of_the_asked_length(servers: Servers) -> None:
+def test_time_batch_sends_prompts_of_the_asked_length() -> None:
     """Over loopback against an emulated engine: the step is timed on prompts of
     ``prompt_length`` characters (the emulator counts the prompt tokens it computes)."""
-    engine = start_emulator(servers, timing=LinearTiming(decode_s_per_token=0.002))
-    computed: list[int] = []
-    for length in (24, 600):
-        before = engine.app.counts["local_tokens"]
-        sample = asyncio.run(
-            time_batch(engine.url, "tiny-llama", 2, 5, random.Random(0), prompt_length=length)
-        )
-        assert sample.batch == 2 and sample.step_s > 0
-        computed.append(engine.app.counts["local_tokens"] - before)
+    running = Servers()
+    try:
+        engine = start_emulator(running, timing=LinearTiming(decode_s_per_token=0.002))
+        computed: list[int] = []
+        for length in (24, 600):
+            before = engine.app.counts["local_tokens"]
+            sample = asyncio.run(
+                time_batch(engine.url, "tiny-llama", 2, 5, random.Random(0), prompt_length=length)
+            )
+            assert sample.batch == 2 and sample.step_s > 0
+            computed.append(engine.app.counts["local_tokens"] - before)
+    finally:
+        running.stop_all()
     assert computed[1] > 10 * computed[0] > 0
