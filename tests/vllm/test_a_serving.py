@@ -126,3 +126,23 @@ def test_same_text_as_one_engine_and_kv_moved(
     assert moved["consumer"]["local_compute"] == 0, moved
     assert moved["producer"]["local_compute"] == prompt_tokens, moved
     assert moved["producer"]["external_kv_transfer"] == 0, moved
+
+
+def test_two_sampled_choices_as_one_engine(narwhal: Callable[..., Narwhal], pair: Fleet) -> None:
+    """``n = 2`` with seeded sampling (vLLM refuses n > 1 with greedy decoding): both choices
+    come back through the handoff, each as the plain engine samples it."""
+    prompt = unique_prompt(2, 60)
+    common: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": 12, "n": 2}
+    sampling: dict[str, Any] = {"temperature": 1.0, "seed": 7}
+    single = openai.OpenAI(base_url=pair.single.url + "/v1", api_key="unused", max_retries=0)
+    expected = [c.text for c in single.completions.create(**common, **sampling).choices]
+    before = sources(pair)
+
+    done = narwhal().client().completions.create(**common, **sampling)
+
+    assert [c.index for c in done.choices] == [0, 1]
+    assert [c.text for c in done.choices] == expected
+    assert done.usage is not None and done.usage.completion_tokens == 2 * 12
+    after = sources(pair)
+    assert after["consumer"]["external_kv_transfer"] > before["consumer"]["external_kv_transfer"]
+    assert after["consumer"]["local_compute"] == before["consumer"]["local_compute"]
