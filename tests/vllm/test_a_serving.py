@@ -4,7 +4,8 @@ For completions and chat, streamed and not, a request through Narwhal (OpenAI SD
 must give exactly the greedy text of the reference engine, and the consumer's
 ``prompt_tokens_by_source{source="external_kv_transfer"}`` must rise by the prompt's tokens while
 the producer's ``local_compute`` rises by the same amount: the producer computed the prompt, the
-consumer pulled its KV instead of recomputing it.
+consumer pulled its KV instead of recomputing it. With ``n = 2`` and seeded sampling, both choices
+come back through the handoff as the plain engine samples them.
 """
 
 from __future__ import annotations
