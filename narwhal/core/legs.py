@@ -13,6 +13,10 @@ the SSE parser and returns ``(arrival time, event)`` for tokens, metadata and th
 ``[DONE]``, or records the fault (timeouts, early closes, in-band errors, malformed data,
 ``[DONE]`` before any token). The lifecycle drives it directly (one plain loop per stream);
 :func:`stream_events` wraps it as an async iterator for probes, preflight and ``EngineClient``.
+
+What an engine sends is bounded, so a broken engine cannot exhaust the router's memory: a
+prefill reply over :data:`MAX_REPLY_BYTES` (the transport stops reading one byte past it) and an
+SSE event still unfinished past :data:`MAX_EVENT_BYTES` are malformed responses (502).
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ from narwhal.core.ports import (
     TimedOut,
     Transport,
 )
-from narwhal.core.sse import EventKind, SseEvent, SseParser
+from narwhal.core.sse import EventKind, SseEvent, SseParser, SseTooLarge
+
+# Generous: a vLLM reply or event carrying prompt logprobs of a long prompt runs to megabytes.
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+MAX_EVENT_BYTES = 16 * 1024 * 1024
 
 
 class LegFault(Exception):
@@ -75,6 +83,13 @@ def read_prefill(
     """The validated descriptor of a prefill reply, or the fault it shows."""
     if reply.status != 200:
         return http_fault(reply.status, reply.body, producer, "prefill")
+    if len(reply.body) > MAX_REPLY_BYTES:
+        return fault(
+            FaultKind.MALFORMED_RESPONSE,
+            f"prefill response over {MAX_REPLY_BYTES} bytes",
+            engine=producer,
+            phase="prefill",
+        )
     try:
         payload = json.loads(reply.body)
     except ValueError:
@@ -171,7 +186,7 @@ class DecodeReader:
         self.got_token = False
         self.done = False
         self.fault: Fault | None = None
-        self.feed = SseParser().feed
+        self.feed = SseParser(max_event_bytes=MAX_EVENT_BYTES).feed
 
     def read(self, result: ChunkResult, now: float) -> list[tuple[float, SseEvent]]:
         """The events of one read result, each with its arrival time (see the class)."""
@@ -209,7 +224,17 @@ class DecodeReader:
 
     def _take(self, at: float, data: bytes, out: list[tuple[float, SseEvent]]) -> None:
         """One transport read that arrived at ``at``."""
-        for event in self.feed(data):
+        try:
+            events = self.feed(data)
+        except SseTooLarge:
+            self.fault = fault(
+                FaultKind.MALFORMED_RESPONSE,
+                f"engine sent a server-sent event over {MAX_EVENT_BYTES} bytes",
+                engine=self.consumer,
+                phase="decode",
+            )
+            return
+        for event in events:
             kind = event.kind
             if kind is EventKind.TOKEN:
                 self.got_token = True

@@ -276,9 +276,7 @@ class SseParser:
                         self._last_event = _classify_block(block)
                     events.append(self._last_event)
                 self._last_chunk = chunk if len(blocks) == 1 else None
-                if self._max_event_bytes is not None:
-                    self._check_size()
-                return events
+                return events  # nothing is held: no size to check
         if self._skip_lf:
             self._skip_lf = False
             if chunk[0] == 0x0A:

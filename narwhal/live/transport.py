@@ -50,6 +50,7 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup
 
+from narwhal.core.legs import MAX_REPLY_BYTES
 from narwhal.core.ports import (
     CallResult,
     Chunk,
@@ -131,6 +132,20 @@ async def _drain(stream: HttpStream) -> None:
                     return
         except Exception:  # a reset, or a body already read: nothing left to reuse
             return
+
+
+async def _read_bounded(response: httpx.Response) -> bytes:
+    """The whole body, or its first ``MAX_REPLY_BYTES + 1`` bytes: the core refuses a longer
+    reply, and holding the rest of a runaway one would only exhaust memory (closing the
+    response unread drops its connection)."""
+    parts: list[bytes] = []
+    held = 0
+    async for data in response.aiter_bytes():
+        parts.append(data)
+        held += len(data)
+        if held > MAX_REPLY_BYTES:
+            break
+    return b"".join(parts)[: MAX_REPLY_BYTES + 1]
 
 
 def _failure(error: httpx.HTTPError) -> ConnectFailed | TimedOut:
@@ -285,7 +300,7 @@ class HttpxTransport:
                 response = await self.http.handle_async_request(request)
                 response.request = request
                 try:
-                    content = await response.aread()
+                    content = await _read_bounded(response)
                 finally:
                     await response.aclose()
             except httpx.HTTPError as error:
@@ -313,7 +328,7 @@ class HttpxTransport:
                 if stream.status == 200:
                     result = StreamOpened(stream, 200)
                 else:
-                    body_bytes = await stream.response.aread()
+                    body_bytes = await _read_bounded(stream.response)
                     result = StreamOpened(stream, stream.status, body_bytes)
             except httpx.HTTPError as error:
                 result = _failure(error)

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from narwhal.core.errors import FaultKind
-from narwhal.core.legs import DecodeReader
-from narwhal.core.ports import Burst, Chunk, StreamEnd, TimedOut
+from narwhal.core.legs import MAX_EVENT_BYTES, MAX_REPLY_BYTES, DecodeReader, read_prefill
+from narwhal.core.ports import Burst, Chunk, Reply, StreamEnd, TimedOut
 from narwhal.core.sse import EventKind
 
 TOKEN = b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
@@ -163,3 +163,29 @@ def test_a_repeated_read_means_what_it_meant_the_first_time_and_a_split_one_is_p
     bad = b"data: {nope\n\n"
     r.read(Chunk(bad), 0.8)
     assert r.fault is not None and r.fault.kind is FaultKind.MALFORMED_RESPONSE
+
+
+def test_an_event_that_never_ends_is_malformed_once_it_passes_the_bound() -> None:
+    r = reader(deadline=100.0)
+    assert r.read(Chunk(TOKEN), 0.1)
+    piece = b"x" * (1024 * 1024)
+    held = 0
+    r.read(Chunk(b"data: " + piece), 0.2)  # an event begins and never ends its line
+    held += 6 + len(piece)
+    while held + len(piece) <= MAX_EVENT_BYTES:
+        assert r.read(Chunk(piece), 0.3) == [] and r.fault is None  # up to the bound: held
+        held += len(piece)
+    assert r.read(Chunk(piece), 0.4) == []
+    assert r.fault is not None and r.fault.kind is FaultKind.MALFORMED_RESPONSE
+    assert r.fault.message == f"engine sent a server-sent event over {MAX_EVENT_BYTES} bytes"
+    assert r.fault.status == 502 and r.fault.engine == "http://c"
+
+
+def test_a_prefill_reply_past_the_bound_is_malformed() -> None:
+    huge = Reply(200, b" " * (MAX_REPLY_BYTES + 1))  # what the transport keeps at most
+    result = read_prefill(huge, "http://p", "NixlConnector", None)
+    assert not isinstance(result, dict) and result.kind is FaultKind.MALFORMED_RESPONSE
+    assert result.message == f"prefill response over {MAX_REPLY_BYTES} bytes"
+    at_bound = read_prefill(Reply(200, b" " * MAX_REPLY_BYTES), "http://p", "NixlConnector", None)
+    assert not isinstance(at_bound, dict)
+    assert at_bound.message == "prefill response is not a JSON object"  # read, not refused

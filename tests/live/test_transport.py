@@ -1,5 +1,5 @@
 """The httpx transport over loopback: finished streams keep their connection, abandoned ones
-do not."""
+do not; a runaway reply is read only up to its bound."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from typing import Any
 
 import anyio
 
+from narwhal.core.legs import MAX_REPLY_BYTES
 from narwhal.core.ports import Chunk, Reply, StreamOpened, TimedOut
 from narwhal.live.clock import AnyioClock
+from narwhal.live.serving import BackgroundServer, bind, make_server, port_of
 from narwhal.live.transport import KEEPALIVE_EXPIRY_S, HttpxTransport
-from tests.live.conftest import Emulator
+from tests.live.conftest import HTTP, Emulator, RouterHandle, Servers
 
 BODY = {"prompt": "hello", "max_tokens": 3, "stream": True}
 
@@ -147,3 +149,52 @@ def test_idle_connections_expire_before_the_engines_close_them(
             return reused
 
     assert anyio.run(main) == [True, False]  # kept within the expiry, replaced after it
+
+
+RUNAWAY_MIB = 40  # what the runaway engine would send: well past MAX_REPLY_BYTES
+
+
+async def runaway_engine(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An engine that answers every request with a 200 body that goes on and on."""
+    assert scope["type"] == "http"
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+    piece = b" " * (1024 * 1024)
+    for _ in range(RUNAWAY_MIB):
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def serve_runaway(servers: Servers) -> str:
+    sock = bind("127.0.0.1", 0)
+    servers.start(BackgroundServer(make_server(runaway_engine, lifespan="off"), [sock]))
+    return f"http://127.0.0.1:{port_of(sock)}"
+
+
+def test_a_runaway_reply_is_read_only_up_to_its_bound(servers: Servers) -> None:
+    url = serve_runaway(servers)
+
+    async def main() -> object:
+        clock = AnyioClock()
+        async with HttpxTransport(clock) as transport:
+            return await transport.call(url, "POST", "/v1/completions", {}, {}, clock.now() + 30)
+
+    reply = anyio.run(main)
+    assert isinstance(reply, Reply) and reply.status == 200
+    assert len(reply.body) == MAX_REPLY_BYTES + 1  # not the 40 MiB sent
+
+
+def test_a_runaway_prefill_reply_is_a_502(
+    servers: Servers,
+    emulator: Callable[..., Emulator],
+    router: Callable[..., RouterHandle],
+) -> None:
+    producer, consumer = serve_runaway(servers), emulator("decode")
+    handle = router([{"url": producer, "role": "prefill"}, {"url": consumer.url, "role": "decode"}],
+                    engine={"max_handoff_age_s": 10.0, "request_timeout_s": 20.0})  # fmt: skip
+    reply = HTTP.post(handle.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert reply.status_code == 502
+    assert reply.json()["error"]["message"] == f"prefill response over {MAX_REPLY_BYTES} bytes"
+    assert handle.status()["requests_in_flight"] == 0
