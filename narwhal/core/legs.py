@@ -21,12 +21,12 @@ SSE event still unfinished past :data:`MAX_EVENT_BYTES` are malformed responses 
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from narwhal.core.descriptor import DescriptorError, validate_descriptor
 from narwhal.core.errors import DONE_BEFORE_TOKEN_TEXT, SILENCE_TEXT, Fault, FaultKind, fault
+from narwhal.core.jsonparse import parse_json
 from narwhal.core.ports import (
     Burst,
     Chunk,
@@ -61,7 +61,7 @@ def http_fault(status: int, raw: bytes, engine: str, phase: str) -> Fault:
     """A non-200 answer: 4xx passed through as is (body kept), anything else a 502."""
     if 400 <= status < 500:
         try:
-            parsed = json.loads(raw)
+            parsed = parse_json(raw)
         except ValueError:
             parsed = None
         return fault(
@@ -91,7 +91,7 @@ def read_prefill(
             phase="prefill",
         )
     try:
-        payload = json.loads(reply.body)
+        payload = parse_json(reply.body)
     except ValueError:
         payload = None
     if not isinstance(payload, dict):

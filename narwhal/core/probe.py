@@ -15,13 +15,13 @@ goes back to the normal cadence without penalty.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 from narwhal.core.breaker import ProbeOutcome
 from narwhal.core.descriptor import prefill_kv_params
 from narwhal.core.errors import Fault
+from narwhal.core.jsonparse import parse_json
 from narwhal.core.legs import LegFault, read_prefill, stream_events
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports, Reply, StreamOpened
@@ -66,7 +66,7 @@ def _json_field(result: object, key: str) -> Any:
     if not isinstance(result, Reply) or result.status != 200:
         return None
     try:
-        payload = json.loads(result.body)
+        payload = parse_json(result.body)
     except ValueError:
         return None
     return payload.get(key) if isinstance(payload, dict) else None

@@ -34,6 +34,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from narwhal.core.config import NarwhalConfig
+from narwhal.core.jsonparse import parse_json
 from narwhal.core.lifecycle import serve_request
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports, Reply
@@ -157,7 +158,7 @@ class Router:
             answers[url] = None
             if isinstance(reply, Reply) and reply.status == 200:
                 with contextlib.suppress(ValueError):
-                    answers[url] = json.loads(reply.body)
+                    answers[url] = parse_json(reply.body)
 
         async with anyio.create_task_group() as group:
             for entry in self.config.engines:
@@ -304,8 +305,8 @@ class _Inference:
         if raw is None:
             return
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as error:
+            body = parse_json(raw)
+        except ValueError as error:
             await sink.respond(
                 400, openai_error(400, f"malformed JSON body: {error}", "invalid_request_error"), {}
             )

@@ -189,3 +189,9 @@ def test_a_prefill_reply_past_the_bound_is_malformed() -> None:
     at_bound = read_prefill(Reply(200, b" " * MAX_REPLY_BYTES), "http://p", "NixlConnector", None)
     assert not isinstance(at_bound, dict)
     assert at_bound.message == "prefill response is not a JSON object"  # read, not refused
+
+
+def test_a_prefill_reply_nested_past_the_parser_bound_is_malformed() -> None:
+    deep = Reply(200, b'{"kv_transfer_params": ' + b"[" * 5000 + b"]" * 5000 + b"}")
+    result = read_prefill(deep, "http://p", "NixlConnector", None)
+    assert not isinstance(result, dict) and result.kind is FaultKind.MALFORMED_RESPONSE

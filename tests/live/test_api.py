@@ -61,6 +61,17 @@ def test_malformed_json_and_bad_requests(
     assert handle.status()["requests_in_flight"] == 0
 
 
+def test_json_nested_past_any_recursion_limit_is_a_400(
+    router: Callable[..., RouterHandle], pair: list[dict[str, Any]]
+) -> None:
+    handle = router(pair)
+    deep = b'{"prompt": "x", "user": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    reply = HTTP.post(handle.url + "/v1/completions", content=deep)
+    assert reply.status_code == 400  # json.loads raised RecursionError here: a 500
+    assert "malformed JSON body: recursion limit exceeded" in reply.json()["error"]["message"]
+    assert handle.status()["requests_in_flight"] == 0
+
+
 def test_status_health_models_metrics(
     router: Callable[..., RouterHandle], pair: list[dict[str, Any]]
 ) -> None:

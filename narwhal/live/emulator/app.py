@@ -48,6 +48,7 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.types import Message, Receive, Scope, Send
 
 from narwhal.core.config import Role
+from narwhal.core.jsonparse import parse_json
 from narwhal.live.emulator.faults import (
     ENGINE_KINDS,
     FaultBook,
@@ -317,8 +318,8 @@ class EmulatorApp:
 
     def _parse(self, scope: Scope, raw: bytes, chat: bool) -> _Job:
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as error:
+            body = parse_json(raw)
+        except ValueError as error:
             raise _Rejected(400, f"JSON decode error: {error}") from None
         if not isinstance(body, dict):
             raise _Rejected(400, "request body must be a JSON object")
@@ -634,7 +635,7 @@ class EmulatorApp:
 
     async def _kv_release(self, raw: bytes, send: Send) -> None:
         try:
-            data = json.loads(raw)
+            data = parse_json(raw)
         except ValueError:
             data = None
         params = data.get("kv_transfer_params") if isinstance(data, dict) else None
@@ -761,7 +762,7 @@ class EmulatorApp:
             await self._json(send, 200, {"faults": []})
         elif method == "POST":
             try:
-                data = json.loads(raw)
+                data = parse_json(raw)
                 items = data.get("faults", [data]) if isinstance(data, dict) else data
                 if not isinstance(items, list):
                     raise FaultError("expected {'faults': [...]} or one fault object")
