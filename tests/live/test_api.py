@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,12 @@ def pair(
     ]
 
 
-def test_api_key(router: Callable[..., RouterHandle], pair: list[dict[str, Any]]) -> None:
+def test_api_key(
+    router: Callable[..., RouterHandle],
+    pair: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
     handle = router(pair, api_key="s3cret")
     with pytest.raises(openai.AuthenticationError) as caught:
         handle.client(api_key="wrong").completions.create(
@@ -36,6 +42,9 @@ def test_api_key(router: Callable[..., RouterHandle], pair: list[dict[str, Any]]
     assert [m.id for m in client.models.list()] == ["tiny-llama"]
     assert HTTP.get(handle.url + "/v1/models").status_code == 401
     assert HTTP.get(handle.url + "/health").status_code == 200  # operational endpoints open
+    logged = [r.getMessage() for r in caplog.records]
+    assert any('"event": "request"' in line for line in logged)  # the request log was captured
+    assert not any("s3cret" in line or "wrong" in line for line in logged)  # no key, good or bad
 
 
 def test_malformed_json_and_bad_requests(
