@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import timeit
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,6 +48,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from sim_speed import machine_reference_us  # noqa: E402
 
 from narwhal.core.sse import EventKind  # noqa: E402
 from narwhal.engines.client import EngineClient, EngineError  # noqa: E402
@@ -293,8 +294,7 @@ def step_check(consumer: str, seed: int, repeats: int = 3) -> dict[str, float]:
     steps = [
         asyncio.run(time_batch(consumer, MODEL_NAME, 1, 32, rng)).step_s for _ in range(repeats)
     ]
-    reference = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
-    return {"step_s": statistics.median(steps), "reference_us": reference * 1e6}
+    return {"step_s": statistics.median(steps), "reference_us": machine_reference_us()}
 
 
 def pct(values: list[float], q: float) -> float:

@@ -361,7 +361,7 @@ class _Lifecycle:
                     await self._succeed(consumer, at, event.wire(), assembler)
                     return None
             if out:
-                await self.sink.send(out[0] if len(out) == 1 else b"".join(out))
+                await self.sink.send(b"".join(out))  # a lone item comes back as is, uncopied
             if reader.fault is not None:
                 return reader.fault
 
