@@ -101,12 +101,11 @@ class Wait:
     """One pending op of one task: the first :meth:`fire` resumes the task, later ones are
     ignored (result versus deadline)."""
 
-    __slots__ = ("done", "seq", "task")
+    __slots__ = ("done", "task")
 
     def __init__(self, task: Task) -> None:
         self.task = task
         self.done = False
-        self.seq: Seq | None = None
 
     def fire(self, value: object) -> None:
         if not self.done:
@@ -169,7 +168,6 @@ class _CallOp(Op):
         result = self.engine.call(method, path, body, headers, wait)
         if not isinstance(result, Seq):
             return result
-        wait.seq = result
         engine = self.engine
 
         def expire(_event: Any) -> None:

@@ -480,6 +480,11 @@ class SimEngine:
     def _finish(self, seq: Seq) -> None:
         seq.state = "gone"
         seq.run += 1
+        # unlink the request from its router-side waiter and stream: no cycle outlives it
+        seq.reply = None
+        if seq.stream is not None:
+            seq.stream.seq = None
+            seq.stream = None
         if seq.blocks:
             self._free(seq.blocks)
             seq.blocks = []

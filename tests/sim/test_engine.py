@@ -57,7 +57,7 @@ def read_stream(
                         times.append(at)
                     elif event.kind is EventKind.DONE:
                         assert at == env.now  # the end of a stream wakes the reader at once
-                        out.update(tokens=tokens, times=times, end=env.now)
+                        out.update(tokens=tokens, times=times, end=env.now, handle=opened.handle)
                         return
 
     start(env, reader())
@@ -127,6 +127,17 @@ def test_preemption_when_kv_blocks_run_out_and_streams_still_complete() -> None:
     assert engine.preemptions >= 1
     assert [o["tokens"] for o in outs] == [150, 150]
     assert engine.free_blocks == 24  # everything returned
+
+
+def test_a_finished_stream_is_unlinked_from_its_request() -> None:
+    # No reference cycle outlives a request: the collector need not run to free it.
+    env, engine, transport = make()
+    out: dict[str, Any] = {}
+    read_stream(env, transport, {"prompt": "x" * 49, "max_tokens": 20, "stream": True}, out)
+    env.run(until=5.0)
+    assert out["tokens"] == 20
+    assert out["handle"].seq is None
+    assert not engine.seqs
 
 
 def test_one_event_per_engine_step() -> None:

@@ -1,0 +1,46 @@
+"""The runner: the collector's thresholds are raised for a run and always restored."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from narwhal.sim.runner import RUN_GC_THRESHOLDS, fewer_collections, run
+
+from .conftest import scenario
+
+
+@pytest.fixture
+def custom_thresholds() -> Iterator[tuple[int, int, int]]:
+    saved = gc.get_threshold()
+    gc.set_threshold(1234, 7, 9)
+    try:
+        yield (1234, 7, 9)
+    finally:
+        gc.set_threshold(*saved)
+
+
+def test_thresholds_are_raised_inside_and_restored_after(
+    custom_thresholds: tuple[int, int, int],
+) -> None:
+    with fewer_collections():
+        assert gc.get_threshold() == RUN_GC_THRESHOLDS
+    assert gc.get_threshold() == custom_thresholds
+
+
+def test_thresholds_are_restored_when_the_run_fails(
+    custom_thresholds: tuple[int, int, int],
+) -> None:
+    with pytest.raises(RuntimeError), fewer_collections():
+        raise RuntimeError("boom")
+    assert gc.get_threshold() == custom_thresholds
+
+
+def test_a_run_leaves_the_collector_as_it_found_it(
+    custom_thresholds: tuple[int, int, int],
+) -> None:
+    result = run(scenario(workload={"duration_s": 1.0}))
+    assert result.records
+    assert gc.get_threshold() == custom_thresholds
