@@ -5,17 +5,20 @@ methods below, each taking ``now``; randomness (probe jitter) comes from the inj
 Like Envoy's outlier detector, it is tested at exact time boundaries.
 
 Theory of operation:
-- Each engine has a failure streak. A charged failure adds one; a completed stream resets it.
-  At ``recovery.eject_after`` consecutive failures the engine is EJECTED: it gets no placement
-  until an inference probe succeeds (:meth:`Breaker.on_probe`).
+- Each engine has a failure streak per phase (its prefill legs, its decode streams). A charged
+  failure adds one to its phase's streak; a completed leg of that phase resets it. At
+  ``recovery.eject_after`` consecutive failures of either phase the engine is EJECTED: it gets no
+  placement until an inference probe succeeds (:meth:`Breaker.on_probe`). Two streaks, so that
+  an engine of role ``both`` whose decodes keep failing is ejected although its prefills pass.
 - ``recovery.failure_quarantine_s > 0``: any charged failure also excludes the engine from
   placement for that long (QUARANTINED), while the streak catches up.
 - Results are tagged with the engine's *epoch* at placement. Ejection and readmission bump the
   epoch, so a late result from before an ejection never changes the new state.
 - Probes: at most one in flight per engine (PROBING). The cadence is ``probe_interval_s`` with
   jitter and doubling backoff after failed probes (capped at 16x). An inconclusive probe
-  returns to the normal cadence without backoff. When every engine able to serve a role is
-  ejected (a whole wave), all of them are probed together, at once, instead of one by one.
+  returns to the normal cadence: the next probe after ``probe_interval_s``, the backoff reset.
+  When every engine able to serve a role is ejected (a whole wave), all of them are probed
+  together, at once, instead of one by one.
 - Health checks: a failed check marks an engine down (EJECTED, reason "health"). Without an
   engine contract such an engine is readmitted by a passing check; with one, by a probe that
   also re-validates the contract. Breaker ejections always need an inference probe.
@@ -54,7 +57,8 @@ class EngineHealth:
 
     url: str
     role: Role
-    streak: int = 0
+    prefill_streak: int = 0  # consecutive charged failures of its prefill legs
+    decode_streak: int = 0  # consecutive charged failures of its decode streams
     epoch: int = 0
     ejected_since: float | None = None
     eject_reason: str | None = None  # "breaker" | "health"
@@ -64,6 +68,11 @@ class EngineHealth:
     failed_probes: int = 0
     times_ejected: int = 0
     probe_producer: str | None = None  # for a consumer ejected after a crossed decode
+
+    @property
+    def streak(self) -> int:
+        """The longer of the two failure streaks (what ejection compares to ``eject_after``)."""
+        return max(self.prefill_streak, self.decode_streak)
 
 
 class Breaker:
@@ -116,15 +125,20 @@ class Breaker:
 
     # ------------------------------------------------------------------ results of traffic
 
-    def on_success(self, url: str, epoch: int, now: float) -> None:
-        """A stream completed on ``url``: its streak resets."""
+    def on_success(self, url: str, epoch: int, now: float, *, phase: str) -> None:
+        """A leg of ``phase`` ("prefill" or "decode") completed on ``url``: that streak resets."""
         engine = self._engines[url]
         if epoch != engine.epoch:
             return
-        engine.streak = 0
+        if phase == "prefill":
+            engine.prefill_streak = 0
+        else:
+            engine.decode_streak = 0
 
-    def on_failure(self, url: str, epoch: int, now: float, *, producer: str | None = None) -> bool:
-        """A charged failure on ``url``; returns True if this failure ejected it.
+    def on_failure(
+        self, url: str, epoch: int, now: float, *, phase: str, producer: str | None = None
+    ) -> bool:
+        """A charged failure of a ``phase`` leg on ``url``; returns True if it ejected the engine.
 
         ``producer`` names the producer of a crossed decode, so the readmission probe can use a
         fresh handoff from that same producer.
@@ -133,7 +147,10 @@ class Breaker:
         if epoch != engine.epoch or engine.ejected_since is not None:
             self._log.add(now, "stale", url, epoch=epoch)
             return False
-        engine.streak += 1
+        if phase == "prefill":
+            engine.prefill_streak += 1
+        else:
+            engine.decode_streak += 1
         if self._recovery.failure_quarantine_s > 0:
             engine.quarantined_until = now + self._recovery.failure_quarantine_s
             self._log.add(now, "quarantine", url, until=engine.quarantined_until)
@@ -190,6 +207,8 @@ class Breaker:
             return
         if outcome is ProbeOutcome.FAILED:
             engine.failed_probes += 1
+        else:  # inconclusive: nothing learned about the engine, back to the normal cadence
+            engine.failed_probes = 0
         factor = min(2.0**engine.failed_probes, BACKOFF_CAP)
         engine.next_probe_at = now + self._jittered(self._recovery.probe_interval_s * factor)
 
@@ -223,7 +242,7 @@ class Breaker:
         engine.ejected_since = None
         engine.eject_reason = None
         engine.quarantined_until = None
-        engine.streak = 0
+        engine.prefill_streak = engine.decode_streak = 0
         engine.epoch += 1
         engine.failed_probes = 0
         engine.next_probe_at = None

@@ -146,7 +146,9 @@ class _Lifecycle:
         self.failed_engines.add(failure.engine)
         epoch = self._epochs.get(failure.engine, self.policies.breaker.epoch(failure.engine))
         producer = self._producer if failure.engine != self._producer else None
-        self.policies.breaker.on_failure(failure.engine, epoch, now, producer=producer)
+        self.policies.breaker.on_failure(
+            failure.engine, epoch, now, phase=failure.phase, producer=producer
+        )
 
     async def _fail(self, failure: Fault) -> None:
         now = self.ports.clock.now()
@@ -273,7 +275,7 @@ class _Lifecycle:
             return descriptor_or_fault
         descriptor = descriptor_or_fault
         self.ttft_s = now - self.request.arrival
-        policies.breaker.on_success(producer, self._epochs[producer], now)
+        policies.breaker.on_success(producer, self._epochs[producer], now, phase="prefill")
         self.unused_handoff = (producer, descriptor)
 
         consumer = policies.placement.choose("decode", now, self.failed_engines)
@@ -289,21 +291,29 @@ class _Lifecycle:
             )
         crossed = consumer != producer
         body = decode_body(self.request, descriptor if crossed else None)
-        if crossed:
-            self.unused_handoff = None  # the consumer owns the pull from here on
         return await self._decode(
-            consumer, body, policies.new_id(f"{self.request.request_id}-d{self.attempts}")
+            consumer,
+            body,
+            policies.new_id(f"{self.request.request_id}-d{self.attempts}"),
+            pulls=crossed,
         )
 
     # ------------------------------------------------------------------ decode and stream
 
-    async def _decode(self, consumer: str, body: dict[str, Any], decode_id: str) -> Fault | None:
+    async def _decode(
+        self, consumer: str, body: dict[str, Any], decode_id: str, *, pulls: bool
+    ) -> Fault | None:
+        """Stream the decode leg to the client; ``pulls``: the consumer pulls the handoff."""
         clock, transport, cfg = self.ports.clock, self.ports.transport, self.engine_cfg
         now = clock.now()
         first_token_at = min(self.deadline.at, now + cfg.first_token_timeout_s)
         opened = await transport.open_stream(
             consumer, self.request.endpoint, body, {"X-Request-Id": decode_id}, first_token_at
         )
+        if pulls and not (isinstance(opened, ConnectFailed) and opened.reason == "refused"):
+            # The consumer has the descriptor and owns the pull from here on. A refused
+            # connection never delivered it: the handoff stays unused and is released.
+            self.unused_handoff = None
         if isinstance(opened, TimedOut):
             return timeout_fault(
                 consumer,
@@ -368,7 +378,7 @@ class _Lifecycle:
     async def _succeed(
         self, consumer: str, now: float, done_wire: bytes, assembler: ResponseAssembler | None
     ) -> None:
-        self.policies.breaker.on_success(consumer, self._epochs[consumer], now)
+        self.policies.breaker.on_success(consumer, self._epochs[consumer], now, phase="decode")
         self.final = (200, "ok", None)
         self.policies.log.add(
             now,

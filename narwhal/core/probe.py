@@ -8,7 +8,8 @@ Each probe leg is bounded by ``engine.first_token_timeout_s``. Written once agai
 Theory of operation: :func:`maintenance_loop` wakes every ``tick`` seconds, spawns a probe for
 each engine the breaker says is due (the breaker guarantees one in flight per engine, and
 whole-wave restarts), and every ``recovery.probe_interval_s`` a health check of each engine.
-A consumer ejected after a crossed decode is probed with a handoff from that same producer;
+A consumer (of role ``decode`` or ``both``) ejected after a crossed decode is probed with a
+fresh handoff from that same producer;
 if that producer (or any producer) cannot make one, the probe is inconclusive: the consumer
 goes back to the normal cadence without penalty.
 """
@@ -131,7 +132,8 @@ async def probe_engine(url: str, ports: Ports, policies: Policies) -> ProbeOutco
     if await contract_problems(url, ports, policies):
         return ProbeOutcome.FAILED
     role = policies.config.engine_by_url(url).role
-    if role.produces:
+    crossed = policies.breaker.health(url).probe_producer is not None
+    if role.produces and not crossed:  # a producer, or a `both` engine: its own legs
         descriptor = await _prefill_leg(url, ports, policies)
         if descriptor is None:
             return ProbeOutcome.FAILED

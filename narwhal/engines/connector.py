@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from narwhal.core.descriptor import KNOWN_CONNECTORS, DescriptorError, DescriptorReason
+from narwhal.core.descriptor import validate_descriptor
 from narwhal.core.jsoncopy import json_copy
 
 
@@ -45,9 +45,10 @@ class PrefillResult:
         started_at: float,
         descriptor: dict[str, Any],
     ) -> PrefillResult:
-        if connector not in KNOWN_CONNECTORS:
-            raise DescriptorError(DescriptorReason.UNKNOWN_CONNECTOR, f"connector {connector!r}")
-        frozen = MappingProxyType(json_copy(descriptor))
+        """Validate ``descriptor`` for ``connector`` (raising :class:`DescriptorError`) and keep
+        a detached copy: every PrefillResult, even one built by hand, holds a descriptor that
+        passed validation before any decode request is made with it."""
+        frozen = MappingProxyType(validate_descriptor(descriptor, connector))
         return cls(producer_url, endpoint, backend_request_id, connector, started_at, frozen)
 
     def parameters(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ def breaker(
 
 
 def fail(b: Breaker, url: str, now: float) -> bool:
-    return b.on_failure(url, b.epoch(url), now)
+    return b.on_failure(url, b.epoch(url), now, phase="decode")
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
@@ -49,7 +49,7 @@ def test_success_resets_the_streak() -> None:
     b = breaker(eject_after=3)
     fail(b, A, 0)
     fail(b, A, 1)
-    b.on_success(A, b.epoch(A), 2)
+    b.on_success(A, b.epoch(A), 2, phase="decode")
     fail(b, A, 3)
     fail(b, A, 4)
     assert b.state(A, 4) is EngineState.READY
@@ -75,8 +75,8 @@ def test_late_result_from_before_ejection_is_ignored() -> None:
     b = breaker(eject_after=1)
     epoch = b.epoch(A)
     fail(b, A, 0.0)
-    assert not b.on_failure(A, epoch, 1.0)  # a straggler from the same wave
-    b.on_success(A, epoch, 1.0)  # cannot readmit either
+    assert not b.on_failure(A, epoch, 1.0, phase="decode")  # a straggler from the same wave
+    b.on_success(A, epoch, 1.0, phase="decode")  # cannot readmit either
     assert b.state(A, 1.0) is EngineState.EJECTED
 
 
@@ -107,6 +107,62 @@ def test_inconclusive_probe_returns_to_normal_cadence_without_penalty() -> None:
     nxt = b.health(A).next_probe_at
     assert nxt is not None and nxt - first <= 10.0 * (1 + JITTER)
     assert b.state(A, first) is EngineState.EJECTED
+
+
+def test_inconclusive_probe_after_failed_ones_drops_the_backoff() -> None:
+    b = breaker(eject_after=1, interval=10.0)
+    fail(b, A, 0.0)
+    at = b.health(A).next_probe_at
+    assert at is not None
+    for _ in range(2):  # two failed probes: the next one waits 4x the interval
+        assert b.due_probes(at) == [A]
+        b.on_probe(A, at, ProbeOutcome.FAILED)
+        nxt = b.health(A).next_probe_at
+        assert nxt is not None
+        at = nxt
+    assert b.due_probes(at) == [A]
+    b.on_probe(A, at, ProbeOutcome.INCONCLUSIVE)
+    nxt = b.health(A).next_probe_at
+    assert nxt is not None and 10.0 * (1 - JITTER) <= nxt - at <= 10.0 * (1 + JITTER)
+    assert b.health(A).failed_probes == 0
+    assert b.due_probes(nxt) == [A]
+    b.on_probe(A, nxt, ProbeOutcome.FAILED)  # backoff starts again from the first step
+    after = b.health(A).next_probe_at
+    assert after is not None and 20.0 * (1 - JITTER) <= after - nxt <= 20.0 * (1 + JITTER)
+
+
+BOTH = ((A, Role.BOTH), (B, Role.BOTH))
+
+
+def test_both_engine_with_passing_prefills_is_ejected_by_failing_decodes() -> None:
+    # Each request's prefill passes on A, then its decode fails on A: the decode streak grows.
+    b = breaker(eject_after=3, engines=BOTH)
+    for i in range(2):
+        b.on_success(A, b.epoch(A), float(i), phase="prefill")
+        assert not b.on_failure(A, b.epoch(A), float(i), phase="decode")
+    b.on_success(A, b.epoch(A), 2.0, phase="prefill")
+    assert b.on_failure(A, b.epoch(A), 2.0, phase="decode")
+    assert b.state(A, 2.0) is EngineState.EJECTED
+
+
+def test_both_engine_with_passing_decodes_is_ejected_by_failing_prefills() -> None:
+    b = breaker(eject_after=2, engines=BOTH)
+    assert not b.on_failure(A, b.epoch(A), 0.0, phase="prefill")
+    b.on_success(A, b.epoch(A), 0.5, phase="decode")  # a decode of another request passes
+    assert b.health(A).streak == 1
+    assert b.on_failure(A, b.epoch(A), 1.0, phase="prefill")
+
+
+def test_readmission_clears_both_streaks() -> None:
+    b = breaker(eject_after=2, engines=BOTH)
+    b.on_failure(A, b.epoch(A), 0.0, phase="prefill")
+    b.on_failure(A, b.epoch(A), 0.0, phase="decode")
+    assert b.on_failure(A, b.epoch(A), 0.0, phase="decode")
+    assert b.due_probes(100.0) == [A]
+    b.on_probe(A, 100.0, ProbeOutcome.PASSED)
+    health = b.health(A)
+    assert (health.prefill_streak, health.decode_streak) == (0, 0)
+    assert not b.on_failure(A, b.epoch(A), 101.0, phase="prefill")
 
 
 def test_whole_wave_probes_all_at_once() -> None:
@@ -201,7 +257,7 @@ class BreakerMachine(RuleBasedStateMachine):
 
     @rule(url=st.sampled_from([A, B]))
     def success(self, url: str) -> None:
-        self.b.on_success(url, self.b.epoch(url), self.now)
+        self.b.on_success(url, self.b.epoch(url), self.now, phase="decode")
         if not self.ejected[url]:
             self.streak[url] = 0
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from narwhal.core.descriptor import DescriptorError, DescriptorReason
 from narwhal.core.requests import CHAT, COMPLETIONS
 from narwhal.core.sse import EventKind, SseEvent
 from narwhal.engines.client import EngineClient, EngineError
@@ -55,6 +56,30 @@ def test_parameters_is_a_detached_copy() -> None:
     params["remote_engine_id"] = "tampered"
     params["remote_block_ids"][0].append(99)
     assert result.parameters() == descriptor()
+
+
+@pytest.mark.parametrize(
+    ("connector", "bad", "reason"),
+    [
+        ("NixlConnector", {"remote_engine_id": None}, DescriptorReason.MISSING_ENGINE_IDENTITY),
+        ("NixlConnector", {"remote_block_ids": [["1"]]}, DescriptorReason.MALFORMED_BLOCK_IDS),
+        ("NoSuchConnector", {}, DescriptorReason.UNKNOWN_CONNECTOR),
+    ],
+)
+def test_a_hand_built_prefill_result_is_validated_too(
+    connector: str, bad: dict[str, Any], reason: DescriptorReason
+) -> None:
+    # No decode can ever send a descriptor that did not pass validation.
+    with pytest.raises(DescriptorError) as caught:
+        PrefillResult.create(
+            producer_url="http://p0",
+            endpoint=COMPLETIONS,
+            backend_request_id="r",
+            connector=connector,
+            started_at=0.0,
+            descriptor={**descriptor(), **bad},
+        )
+    assert caught.value.reason is reason
 
 
 def test_decode_refuses_endpoint_mismatch_before_io() -> None:

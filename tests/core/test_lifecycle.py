@@ -408,7 +408,9 @@ def test_no_eligible_engine_is_503_with_retry_after() -> None:
     policies = Policies(config(), seed=3)
     for url in (D0, D1):
         for _ in range(3):
-            policies.breaker.on_failure(url, policies.breaker.epoch(url), clock.now())
+            policies.breaker.on_failure(
+                url, policies.breaker.epoch(url), clock.now(), phase="decode"
+            )
     transport = ScriptedTransport(clock, {})
     sink = RecordingSink()
     request = parse_client_request(
@@ -477,3 +479,73 @@ def test_error_body_is_openai_shaped() -> None:
     assert out.sink.body is not None
     assert set(out.sink.body["error"]) == {"message", "type", "code"}
     json.dumps(out.sink.body)
+
+
+def serve_many(cfg: Any, scripts: dict[str, list[Any]], n: int) -> tuple[list[Any], Policies]:
+    """``n`` requests one after another through one router; their client statuses."""
+    clock = VirtualClock()
+    transport = ScriptedTransport(clock, scripts)
+    policies = Policies(cfg, seed=1)
+    statuses = []
+    for i in range(n):
+        sink = RecordingSink()
+        request = parse_client_request(
+            COMPLETIONS, {"prompt": "x", "stream": True}, request_id=f"r{i}", arrival=clock.now()
+        )
+        run(serve_request(request, make_ports(clock, transport), policies, sink))
+        statuses.append(sink.status)
+    return statuses, policies
+
+
+def test_a_both_engine_whose_decodes_fail_is_ejected_although_its_prefills_pass() -> None:
+    both = "http://both"
+    cfg = parse_config({"recovery": {"eject_after": 2}, "engines": [{"url": both, "role": "both"}]})
+    statuses, policies = serve_many(cfg, {"decode": [Decode(connect="refused")] * 2}, 3)
+    assert statuses == [502, 502, 503]
+    assert policies.breaker.health(both).ejected_since is not None
+
+
+def test_a_refused_consumer_never_saw_the_handoff_so_it_is_released() -> None:
+    out = serve({"decode": [Decode(connect="refused")]})
+    assert out.record is not None and out.record.status == 502
+    assert [(url, d["remote_engine_id"]) for url, d in out.transport.released] == [
+        (out.record.engines[0], "eng-p0")
+    ]
+    assert_clean(out)
+
+
+@pytest.mark.parametrize(
+    "decode",
+    [Decode(connect="reset"), Decode(hang_before_headers=True), Decode(items=(), end="reset")],
+    ids=["reset", "hang_before_headers", "reset_after_headers"],
+)
+def test_a_consumer_that_may_have_pulled_owns_the_handoff(decode: Decode) -> None:
+    out = serve({"decode": [decode]})
+    assert out.record is not None and out.record.status in (502, 504)
+    assert out.transport.released == []  # releasing blocks it may be reading would corrupt it
+    assert_clean(out)
+
+
+def test_a_descriptor_with_another_side_channel_than_pinned_is_refused() -> None:
+    cfg = parse_config(
+        {
+            "engines": [
+                {"url": P0, "role": "prefill", "kv_endpoint": "127.0.0.1:5559"},
+                {"url": D0, "role": "decode"},
+            ]
+        }
+    )
+    moved = {P0: [Prefill(kv=descriptor(port=5560)), Prefill(kv=descriptor(port=5559))]}
+    statuses, policies = serve_many(cfg, moved, 2)
+    assert statuses == [502, 200]
+    assert policies.breaker.health(P0).streak == 0  # the good one reset the prefill streak
+
+
+def test_header_delay_and_token_gap_share_the_first_token_budget() -> None:
+    # 0.6 s to headers + 0.6 s to the first token: each under the 1.0 s budget, not together
+    late = Decode(items=((0.6, token("A")), (0.0, DONE)), open_delay=0.6)
+    out = serve({"decode": [late]})
+    assert out.record is not None and out.record.status == 504
+    assert out.clock.now() == pytest.approx(1000.0 + 0.05 + 1.0)
+    ok = Decode(items=((0.3, token("A")), (0.0, DONE)), open_delay=0.6)
+    assert serve({"decode": [ok]}).sink.status == 200

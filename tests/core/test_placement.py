@@ -53,9 +53,9 @@ def test_ties_follow_the_seed() -> None:
 
 def test_ejected_and_quarantined_engines_get_no_placement() -> None:
     p, b = placement(quarantine=1.0)
-    b.on_failure("http://d0", b.epoch("http://d0"), 0.0)  # eject_after=1: ejected
+    b.on_failure("http://d0", b.epoch("http://d0"), 0.0, phase="decode")  # eject_after=1: ejected
     assert p.choose("decode", 0.0) == "http://b0"
-    b.on_failure("http://b0", b.epoch("http://b0"), 0.0)
+    b.on_failure("http://b0", b.epoch("http://b0"), 0.0, phase="decode")
     assert p.choose("decode", 0.5) is None
 
 

@@ -43,7 +43,9 @@ def setup(contract: bool = False, scripts: dict | None = None):  # type: ignore[
 
 
 def eject(policies: Policies, url: str, now: float, producer: str | None = None) -> None:
-    assert policies.breaker.on_failure(url, policies.breaker.epoch(url), now, producer=producer)
+    assert policies.breaker.on_failure(
+        url, policies.breaker.epoch(url), now, producer=producer, phase="decode"
+    )
 
 
 def test_producer_probe_is_a_prefill_leg() -> None:
@@ -84,6 +86,59 @@ def test_hung_consumer_fails_its_probe_within_first_token_timeout() -> None:
     assert run(run_probe(D0, ports, policies)) is ProbeOutcome.FAILED
     assert clock.now() - start <= 1.0 + 0.05 + 1e-9  # each leg bounded by first_token_timeout_s
     assert policies.breaker.state(D0, clock.now()) is EngineState.EJECTED
+
+
+def test_hung_producer_fails_its_probe_within_first_token_timeout() -> None:
+    clock, transport, policies, ports = setup(scripts={P0: [Prefill(hang=True)]})
+    start = clock.now()
+    assert run(probe_engine(P0, ports, policies)) is ProbeOutcome.FAILED
+    assert clock.now() - start == 1.0  # the prefill leg's bound: first_token_timeout_s
+    assert transport.released == []
+
+
+def test_producer_probe_checks_the_pinned_side_channel() -> None:
+    data = {
+        "engines": [
+            {"url": P0, "role": "prefill", "kv_endpoint": "127.0.0.1:5559"},
+            {"url": D0, "role": "decode"},
+        ]
+    }
+    clock = VirtualClock()
+    moved = {P0: [Prefill(kv=descriptor(port=5560)), Prefill(kv=descriptor(port=5559))]}
+    ports = make_ports(clock, ScriptedTransport(clock, moved))
+    policies = Policies(parse_config(data), seed=5)
+    assert run(probe_engine(P0, ports, policies)) is ProbeOutcome.FAILED
+    assert run(probe_engine(P0, ports, policies)) is ProbeOutcome.PASSED
+
+
+def both_fleet() -> tuple[VirtualClock, ScriptedTransport, Policies, object]:
+    B0, B1 = "http://b0", "http://b1"
+    data = {
+        "engine": {"first_token_timeout_s": 1.0},
+        "recovery": {"eject_after": 1},
+        "engines": [{"url": B0, "role": "both"}, {"url": B1, "role": "both"}],
+    }
+    clock = VirtualClock()
+    transport = ScriptedTransport(clock, {})
+    return clock, transport, Policies(parse_config(data), seed=5), make_ports(clock, transport)
+
+
+def test_both_engine_ejected_after_a_crossed_decode_is_probed_with_that_producers_handoff() -> None:
+    clock, transport, policies, ports = both_fleet()
+    eject(policies, "http://b1", clock.now(), producer="http://b0")
+    assert run(probe_engine("http://b1", ports, policies)) is ProbeOutcome.PASSED
+    (p_url, _, _, _, _), (d_url, kind, _, decode, _) = transport.calls
+    assert (p_url, d_url, kind) == ("http://b0", "http://b1", "STREAM")
+    assert decode is not None and decode["kv_transfer_params"] == descriptor()  # a real pull
+
+
+def test_both_engine_ejected_for_its_own_legs_is_probed_on_them() -> None:
+    clock, transport, policies, ports = both_fleet()
+    eject(policies, "http://b1", clock.now())
+    assert run(probe_engine("http://b1", ports, policies)) is ProbeOutcome.PASSED
+    (p_url, _, _, _, _), (d_url, _, _, decode, _) = transport.calls
+    assert (p_url, d_url) == ("http://b1", "http://b1")
+    assert decode is not None and "kv_transfer_params" not in decode  # same-worker decode
 
 
 def test_probe_needs_a_token_then_done() -> None:
