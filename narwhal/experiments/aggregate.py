@@ -31,23 +31,10 @@ from typing import Any
 
 from narwhal.experiments.plan import Plan
 from narwhal.experiments.worker import ERROR_PREFIX, METRIC_FIELDS, RunOutcome
+from narwhal.sim.results import goodput
 
 FLEET_FIELDS = ("prefill", "decode", "both", "engines")
 SPREAD_FIELDS = ("success_pct", "first_byte_p99_s", "slo_attainment_pct")
-
-
-def goodput(curve: list[tuple[float, float]], bar_pct: float = 90.0) -> tuple[float, str]:
-    """(goodput req/s, bound) from (offered rate, attainment %) points in increasing rate."""
-    if not curve:
-        return 0.0, "below"
-    for k, (rate, attained) in enumerate(curve):
-        if attained < bar_pct:
-            if k == 0:
-                return 0.0, "below"
-            low_rate, low_attained = curve[k - 1]
-            share = (low_attained - bar_pct) / (low_attained - attained)
-            return low_rate + share * (rate - low_rate), ""
-    return curve[-1][0], "above"
 
 
 def mean_curve(runs: list[dict[str, Any]]) -> list[tuple[float, float]]:

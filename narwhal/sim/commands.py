@@ -64,4 +64,11 @@ def _simulate(args: argparse.Namespace) -> int:
         f"\n{len(result.records)} requests simulated in {result.wall_s:.1f} s wall "
         f"({rate:,.0f} req/s); results in {out}/"
     )
+    if summary["unfinished"]:
+        print(
+            f"narwhal simulate: warning: {summary['unfinished']} of {summary['requests']} requests "
+            f"had not finished when the run stopped at sim.max_sim_s = "
+            f"{scenario.sim.max_sim_s:g} s (outcome 'unfinished' in records.csv)",
+            file=sys.stderr,
+        )
     return 0

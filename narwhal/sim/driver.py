@@ -294,8 +294,8 @@ def make_ports(env: simpy.Environment, engines: dict[str, SimEngine]) -> Ports:
     """The ports a core coroutine needs, over ``env`` and the simulated fleet."""
 
     def spawn(factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        task = Task(factory())
-        env.timeout(0).callbacks.append(lambda _event: task.resume(None))
+        # the coroutine is made when it starts: one the run ends before is never created
+        env.timeout(0).callbacks.append(lambda _event: Task(factory()).resume(None))
 
     return Ports(clock=SimClock(env), transport=SimTransport(env, engines), spawn=spawn)
 

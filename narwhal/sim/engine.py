@@ -258,6 +258,9 @@ class SimEngine:
         self.steps = 0
         self.preemptions = 0
         self.tokens_out = 0
+        # tokens each stream sent before a clean [DONE], by request id (X-Request-Id): what
+        # the client got, which an early [DONE] makes fewer than max_tokens
+        self.delivered: dict[str, int] = {}
         self.busy_s = 0.0
         self._sid = 0
         self._generation = 0
@@ -413,6 +416,17 @@ class SimEngine:
         prompt = _prompt_tokens(body)
         if prompt is None:
             return Reply(400, _json_error(400, "prompt or messages required", "BadRequestError"))
+        fits = (self.params.num_blocks - self.watermark) * self.bs - 1
+        if prompt > fits:  # it could never be admitted; vLLM refuses it (max_model_len) with 400
+            return Reply(
+                400,
+                _json_error(
+                    400,
+                    f"This model's maximum context length is {fits} tokens. However, your "
+                    f"request has {prompt} input tokens.",
+                    "BadRequestError",
+                ),
+            )
         out = body.get("max_tokens") or body.get("max_completion_tokens") or 16
         rid = headers.get("X-Request-Id") or f"{self.rng.getrandbits(64):016x}"
         self._sid += 1
@@ -505,7 +519,8 @@ class SimEngine:
         if handoff is None or self.down:
             return False
         self._free(handoff.blocks)
-        return True
+        # the lease ran out: the blocks were the engine's to reuse, even if no step noticed
+        return handoff.expires > self.env.now
 
     # ------------------------------------------------------------------ decode batch
 
@@ -594,6 +609,7 @@ class SimEngine:
                     seq.chunk_tokens, seq.chunk = n, data
             stream.buffer.append((self.env.now, data))
         if final:
+            self.delivered[seq.rid] = seq.emitted
             stream.buffer.append((self.env.now, DONE))
             stream.ended = "eof"
         # After the first output, a plain token chunk only moves the router's read deadline
@@ -625,6 +641,7 @@ class SimEngine:
             seq.run += 1
             return True
         if kind == "early_done":
+            self.delivered[seq.rid] = seq.emitted
             stream.buffer.append((self.env.now, DONE))
             stream.ended = "eof"
         elif kind == "inband_error":

@@ -57,6 +57,19 @@ FaultKindName = Literal[
 ]
 ENGINE_FAULTS = frozenset({"crash", "hang", "slow"})  # switch the whole engine
 REQUEST_FAULTS = frozenset(get_args(FaultKindName)) - ENGINE_FAULTS  # act per request
+STREAM_FAULTS = frozenset({"stall", "early_done", "inband_error", "disconnect"})  # decode streams
+PRODUCER_FAULTS = frozenset({"release_handoff", "bad_descriptor"})  # prefill replies
+# the roles whose engines can act a kind out (a prefill-only engine serves no stream, ...)
+_ABLE = {"prefill": ("prefill", "both"), "decode": ("decode", "both")}
+
+
+def able_roles(kind: str) -> tuple[str, ...]:
+    """The engine roles on which a fault of ``kind`` does something."""
+    if kind in STREAM_FAULTS:
+        return _ABLE["decode"]
+    if kind in PRODUCER_FAULTS:
+        return _ABLE["prefill"]
+    return ("prefill", "decode", "both")
 
 
 class FaultSpec(BaseModel):
@@ -81,6 +94,24 @@ class FaultSpec(BaseModel):
             raise ValueError("give exactly one of 'at_s' (a schedule) or 'rate_per_hour'")
         if self.engine is not None and self.role is not None:
             raise ValueError("give 'engine' or 'role', not both")
+        # a key that would be ignored is refused: the run must be what the file says
+        given = self.model_fields_set
+        if "factor" in given and self.kind != "slow":
+            raise ValueError("'factor' applies to kind = \"slow\" only")
+        if "probability" in given and self.kind in ENGINE_FAULTS:
+            raise ValueError(
+                f"'probability' applies to per-request kinds; {self.kind!r} switches the whole "
+                "engine"
+            )
+        if "after_tokens" in given and self.kind not in STREAM_FAULTS:
+            raise ValueError(
+                f"'after_tokens' applies to stream kinds ({', '.join(sorted(STREAM_FAULTS))})"
+            )
+        if "count" in given and (self.engine is not None or self.at_s is None):
+            raise ValueError(
+                "'count' is how many engines of 'role' a scheduled fault ('at_s') hits; "
+                "a rate fault hits every engine of its role"
+            )
         return self
 
 
@@ -108,13 +139,31 @@ class FaultWindow:
         }
 
 
-def _targets(spec: FaultSpec, roles: dict[str, str]) -> list[str]:
+def targets(spec: FaultSpec, roles: dict[str, str]) -> list[str]:
+    """The engines ``spec`` may hit (URL -> role in ``roles``); a ValueError says why none.
+
+    ``role = "any"`` (the default) means every engine that can act the kind out.
+    """
+    able = able_roles(spec.kind)
     if spec.engine is not None:
-        if spec.engine not in roles:
-            raise ValueError(f"faults: engine {spec.engine!r} is not in the fleet")
+        role = roles.get(spec.engine)
+        if role is None:
+            raise ValueError(f"engine {spec.engine!r} is not in the fleet")
+        if role not in able:
+            raise ValueError(
+                f"{spec.kind!r} does nothing on {spec.engine} (role {role}); it needs an engine "
+                f"of role {' or '.join(able)}"
+            )
         return [spec.engine]
-    role = spec.role or "any"
-    return [url for url, r in roles.items() if role == "any" or r == role]
+    wanted = spec.role or "any"
+    if wanted != "any" and wanted not in able:
+        raise ValueError(f"{spec.kind!r} does nothing on role {wanted!r}; use {' or '.join(able)}")
+    found = [url for url, r in roles.items() if r in able and wanted in ("any", r)]
+    if not found:
+        raise ValueError(f"no engine of role {wanted!r} in the fleet can act out {spec.kind!r}")
+    if spec.at_s is not None and spec.count > len(found):
+        raise ValueError(f"count = {spec.count}, but the fleet has {len(found)} such engines")
+    return found
 
 
 def expand(
@@ -123,9 +172,7 @@ def expand(
     """Concrete fault windows for one run, sorted by start time."""
     windows: list[FaultWindow] = []
     for spec in specs:
-        targets = _targets(spec, roles)
-        if not targets:
-            continue
+        hit = targets(spec, roles)
 
         def make(url: str, start: float, spec: FaultSpec = spec) -> FaultWindow:
             return FaultWindow(
@@ -139,13 +186,13 @@ def expand(
             )
 
         if spec.at_s is not None:
-            chosen = targets if spec.engine else rng.sample(targets, min(spec.count, len(targets)))
+            chosen = hit if spec.engine else rng.sample(hit, spec.count)
             for url in chosen:
                 windows.append(make(url, spec.at_s))
             continue
         assert spec.rate_per_hour is not None
         rate = spec.rate_per_hour / 3600.0
-        for url in targets:
+        for url in hit:
             t = rng.expovariate(rate)
             while t < horizon_s:
                 windows.append(make(url, t))

@@ -6,13 +6,15 @@ key order, fixed float formatting); wall time is only printed.
 
 Theory of operation: each core :class:`~narwhal.core.records.RequestRecord` is joined with its
 arrival (prompt and output tokens) and given a TPOT: ``(finished_s - first_byte_s) /
-(output_tokens - 1)`` for a completed stream (the simulated engine generates exactly
-``max_tokens``). The summary follows DistServe's definitions (FACTS.md section 6): a request is
-on time when it succeeded, its time to first token seen by the client (``first_byte_s``) is at
-most ``sim.slo_ttft_s`` and its TPOT at most ``sim.slo_tpot_s``; SLO attainment is the share of
+(delivered_tokens - 1)`` for a completed stream, where ``delivered_tokens`` is what the engine
+sent before ``[DONE]`` (``max_tokens``, or fewer after an early ``[DONE]``). An arrival with no
+record (the run stopped at ``sim.max_sim_s`` first) is a row with outcome ``unfinished``. The
+summary follows DistServe's definitions (FACTS.md section 6): a request is on time when it
+succeeded, its time to first token seen by the client (``first_byte_s``) is at most
+``sim.slo_ttft_s`` and its TPOT at most ``sim.slo_tpot_s``; SLO attainment is the share of
 requests on time. DistServe's goodput is the highest request rate whose attainment is at least
-90%; it needs a sweep of rates (:func:`goodput_sweep`), so a single run
-reports its attainment and whether it meets that bar, plus the on-time rate.
+90%; it needs a sweep of rates (:func:`goodput_sweep`), so a single run reports its attainment
+and whether it meets that bar, plus the on-time rate.
 
 Files: ``records.csv``, ``summary.json``, ``timeline.csv`` (per-engine samples),
 ``conditions.csv`` (engine-side fault states), ``faults.csv``, ``decisions.jsonl`` (the core's
@@ -31,9 +33,10 @@ from typing import Any
 
 from narwhal.sim.runner import RunResult, run
 from narwhal.sim.scenario import Scenario
-from narwhal.sim.workload import TRACE_CITATION
+from narwhal.sim.workload import BUNDLED_TRACES, TRACE_CITATION
 
 GOODPUT_ATTAINMENT = 0.9  # DistServe's bar
+UNFINISHED = "unfinished"  # the outcome of a request still running when the run stopped
 RECORD_FIELDS = (
     "request_id",
     "arrival",
@@ -48,6 +51,7 @@ RECORD_FIELDS = (
     "engines",
     "prompt_tokens",
     "output_tokens",
+    "delivered_tokens",
     "output_events",
     "error",
 )
@@ -58,14 +62,19 @@ def _round(value: float | None) -> float | None:
 
 
 def record_rows(result: RunResult) -> list[dict[str, Any]]:
-    """One row per request, in arrival order."""
+    """One row per arrival, in arrival order; a request the run stopped before it ended (at
+    ``sim.max_sim_s``) is a row with outcome ``unfinished`` and no status."""
     rows: list[tuple[int, dict[str, Any]]] = []
+    delivered = _delivered_by_attempt(result.delivered)
     for record in result.records:
         index = int(record.request_id.rsplit("-", 1)[1])
         arrival = result.arrivals[index]
         tpot = None
-        if record.status == 200 and record.first_byte_s is not None and arrival.output > 1:
-            tpot = (record.finished_s - record.first_byte_s) / (arrival.output - 1)
+        got = delivered.get(f"{record.request_id}-d{record.attempts}")
+        if record.status != 200:
+            got = None
+        elif record.first_byte_s is not None and got is not None and got > 1:
+            tpot = (record.finished_s - record.first_byte_s) / (got - 1)
         rows.append(
             (
                 index,
@@ -83,13 +92,36 @@ def record_rows(result: RunResult) -> list[dict[str, Any]]:
                     "engines": " ".join(record.engines),
                     "prompt_tokens": arrival.prompt,
                     "output_tokens": arrival.output,
+                    "delivered_tokens": got,
                     "output_events": record.output_tokens,
                     "error": record.error,
                 },
             )
         )
+    done = {index for index, _ in rows}
+    for index, arrival in enumerate(result.arrivals):
+        if index not in done:
+            row = dict.fromkeys(RECORD_FIELDS)
+            row.update(
+                request_id=f"req-{index}",
+                arrival=_round(arrival.t),
+                outcome=UNFINISHED,
+                committed=False,
+                attempts=0,
+                engines="",
+                prompt_tokens=arrival.prompt,
+                output_tokens=arrival.output,
+                output_events=0,
+            )
+            rows.append((index, row))
     rows.sort(key=lambda item: item[0])
     return [row for _, row in rows]
+
+
+def _delivered_by_attempt(delivered: dict[str, int]) -> dict[str, int]:
+    """``"<request>-d<attempt>"`` -> tokens, from the engines' decode request ids (the core's
+    ``Policies.new_id`` adds ``-<hex>`` to that prefix)."""
+    return {rid.rsplit("-", 1)[0]: n for rid, n in delivered.items()}
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -129,9 +161,19 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         "requests": n,
         "succeeded": len(ok),
         "success_pct": round(100.0 * len(ok) / n, 3) if n else 0.0,
-        "statuses": {str(k): v for k, v in sorted(Counter(r["status"] for r in rows).items())},
+        "statuses": {
+            str(k): v
+            for k, v in sorted(
+                Counter(r["status"] for r in rows if r["status"] is not None).items()
+            )
+        },
+        "unfinished": sum(1 for r in rows if r["outcome"] == UNFINISHED),
         "errors_by_class": dict(
-            sorted(Counter(r["outcome"] for r in rows if r["status"] != 200).items())
+            sorted(
+                Counter(
+                    r["outcome"] for r in rows if r["status"] != 200 and r["outcome"] != UNFINISHED
+                ).items()
+            )
         ),
         "retried_requests": sum(1 for r in rows if r["attempts"] > 1),
         "offered_rps": round(n / span, 3) if span > 0 else None,
@@ -157,8 +199,10 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
             for u, e in engines.items()
         },
     }
-    if result.scenario.workload.kind == "trace" or result.scenario.workload.prompt is None:
-        summary["trace"] = f"{result.scenario.workload.trace}: {TRACE_CITATION}"
+    workload = result.scenario.workload
+    if workload.kind == "trace" or (workload.kind != "fixed" and workload.prompt is None):
+        cited = TRACE_CITATION if workload.trace in BUNDLED_TRACES else "a trace file"
+        summary["trace"] = f"{workload.trace}: {cited}"
     return summary
 
 
@@ -178,7 +222,7 @@ def table(summary: dict[str, Any]) -> str:
         ("scenario", f"{summary['scenario']} (seed {summary['seed']})"),
         ("requests", f"{summary['requests']} ({_fmt(summary['offered_rps'])} req/s offered)"),
         ("succeeded", f"{summary['succeeded']} ({summary['success_pct']:.2f}%)"),
-        ("statuses", ", ".join(f"{k}: {v}" for k, v in summary["statuses"].items())),
+        ("statuses", ", ".join(f"{k}: {v}" for k, v in summary["statuses"].items()) or "-"),
         (
             "errors by class",
             ", ".join(f"{k}: {v}" for k, v in summary["errors_by_class"].items()) or "-",
@@ -210,6 +254,10 @@ def table(summary: dict[str, Any]) -> str:
         ("fault windows", str(summary["fault_windows"])),
         ("simulated time", f"{summary['sim_time_s']:.1f} s"),
     ]
+    if summary["unfinished"]:
+        lines.insert(
+            3, ("unfinished", f"{summary['unfinished']} (the run stopped at sim.max_sim_s)")
+        )
     if "trace" in summary:
         lines.append(("trace", summary["trace"]))
     width = max(len(k) for k, _ in lines)
@@ -251,12 +299,30 @@ def write(result: RunResult, out: Path) -> dict[str, Any]:
     return summary
 
 
+def goodput(curve: list[tuple[float, float]], bar_pct: float = 90.0) -> tuple[float, str]:
+    """DistServe goodput from (offered rate, attainment %) points in increasing rate: the rate
+    where attainment first falls below ``bar_pct``, interpolated between the two points around
+    that crossing (a later point back above the bar does not count: the rate is not sustained).
+    The bound is "below" when even the first point misses the bar (goodput 0), "above" when
+    none does (goodput is at least the last rate), else ""."""
+    if not curve:
+        return 0.0, "below"
+    for k, (rate, attained) in enumerate(curve):
+        if attained < bar_pct:
+            if k == 0:
+                return 0.0, "below"
+            low_rate, low_attained = curve[k - 1]
+            share = (low_attained - bar_pct) / (low_attained - attained)
+            return low_rate + share * (rate - low_rate), ""
+    return curve[-1][0], "above"
+
+
 def goodput_sweep(
     scenario: Scenario, scales: list[float], seed: int | None = None
 ) -> dict[str, Any]:
-    """DistServe goodput: run the scenario at each rate scale; the highest offered rate whose
-    SLO attainment is at least 90%. Scales multiply the trace's ``rate_scale`` or the
-    synthetic ``rate``, or divide the ``fixed`` arrival times."""
+    """DistServe goodput: run the scenario at each rate scale and find where SLO attainment
+    falls below 90% (:func:`goodput`, the same as ``narwhal sweep``'s). Scales multiply the
+    trace's ``rate_scale`` or the synthetic ``rate``, or divide the ``fixed`` arrival times."""
     points = []
     for scale in sorted(scales):
         w = scenario.workload
@@ -276,6 +342,6 @@ def goodput_sweep(
                 "slo_attainment_pct": summary["slo_attainment_pct"],
             }
         )
-    good = [p for p in points if p["slo_attainment_pct"] >= 100 * GOODPUT_ATTAINMENT]
-    best = max((p["offered_rps"] or 0.0 for p in good), default=None)
-    return {"points": points, "goodput_rps": best}
+    curve = [(p["offered_rps"] or 0.0, p["slo_attainment_pct"]) for p in points]
+    value, bound = goodput(curve, 100 * GOODPUT_ATTAINMENT)
+    return {"points": points, "goodput_rps": value, "bound": bound}

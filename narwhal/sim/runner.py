@@ -56,6 +56,8 @@ class RunResult:
     decisions: list[dict[str, Any]]
     engines: dict[str, dict[str, Any]]  # per-engine totals
     sim_end_s: float
+    # tokens delivered before [DONE] per decode request id (the core's "<request>-d<attempt>-…")
+    delivered: dict[str, int] = field(default_factory=dict)
     wall_s: float = field(default=0.0, compare=False)  # not part of the written results
     policy_seed: int = 0  # the router's seed (``Policies(seed=...)``) derived from ``seed``
 
@@ -208,6 +210,8 @@ def run(
         with fewer_collections():
             env.run(until=env.any_of([all_done, env.timeout(sim.max_sim_s)]))
     stopped = True
+    end = float(env.now)
+    windows = [w for w in windows if w.start < end]  # those past the end never happened
     totals = {
         url: {
             "role": roles[url],
@@ -229,7 +233,8 @@ def run(
         conditions=conditions,
         decisions=[d.as_dict() for d in log.entries],
         engines=totals,
-        sim_end_s=float(env.now),
+        sim_end_s=end,
+        delivered={rid: n for e in engines.values() for rid, n in e.delivered.items()},
         wall_s=time.perf_counter() - wall_start,
         policy_seed=policy_seed,
     )

@@ -31,7 +31,7 @@ from narwhal.core.config import (
     validation_problems,
 )
 from narwhal.sim.engine import EngineParams
-from narwhal.sim.faults import FaultSpec
+from narwhal.sim.faults import FaultSpec, targets
 from narwhal.sim.timing import (
     LinearStepTiming,
     StepTiming,
@@ -99,6 +99,11 @@ class FleetSettings(_Strict):
             raise ValueError(f"model {self.model!r} is not in the profile ({model_names()})")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 8 * self.block_size:
+            raise ValueError(
+                f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least 8 blocks of "
+                f"block_size ({8 * self.block_size} tokens)"
+            )
         if self.timing == "fitted" and self.linear is not None:
             raise ValueError('[fleet.linear] needs timing = "linear"')
         if self.timing == "linear":
@@ -234,10 +239,12 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
     except ConfigError as error:
         problems.extend(str(error).splitlines()[1:])
     if router is not None:
-        urls = {e.url for e in router.engines}
+        roles = {e.url: e.role.value for e in router.engines}
         for i, spec in enumerate(faults):
-            if spec.engine is not None and spec.engine not in urls:
-                problems.append(f"  faults[{i}].engine: {spec.engine!r} is not in the fleet")
+            try:
+                targets(spec, roles)
+            except ValueError as error:
+                problems.append(f"  faults[{i}]: {error}")
     if problems or router is None:
         raise ScenarioError("\n".join([f"invalid scenario in {source}:", *problems]))
     return Scenario(

@@ -63,6 +63,12 @@ class LengthDist(BaseModel):
     median: float = Field(512.0, gt=0)  # lognormal
     sigma: float = Field(1.0, ge=0)  # lognormal
 
+    @model_validator(mode="after")
+    def _ordered(self) -> LengthDist:
+        if self.dist != "fixed" and self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        return self
+
     def draw(self, rng: random.Random) -> int:
         if self.dist == "fixed":
             return self.value
@@ -143,11 +149,26 @@ def load_trace(name: str) -> tuple[tuple[float, int, int], ...]:
                 f"workload.trace: {name!r} is neither a bundled trace "
                 f"({', '.join(BUNDLED_TRACES)}) nor a readable file"
             )
-        text = path.read_text("utf-8")
+        try:
+            text = path.read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"workload.trace: cannot read {name!r}: {error}") from None
+    rows = _trace_rows(text, name)
+    if not rows:
+        raise ValueError(f"workload.trace: {name!r} holds no requests")
+    rows.sort(key=lambda r: r[0])
+    first = rows[0][0]
+    return tuple((t - first, max(1, p), max(1, o)) for t, p, o in rows)
+
+
+def _trace_rows(text: str, name: str) -> list[tuple[float, int, int]]:
+    """The rows of a trace's text, or a ValueError naming the line and what is wrong with it."""
     rows: list[tuple[float, int, int]] = []
     if text.lstrip().startswith("{"):  # Mooncake-style JSONL: timestamp (ms), lengths
-        for line in text.splitlines():
-            if line.strip():
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
                 item = json.loads(line)
                 rows.append(
                     (
@@ -156,14 +177,28 @@ def load_trace(name: str) -> tuple[tuple[float, int, int], ...]:
                         int(item["output_length"]),
                     )
                 )
-    else:
-        for row in csv.DictReader(text.splitlines()):
+            except (ValueError, TypeError, KeyError) as error:
+                raise ValueError(
+                    f"workload.trace {name!r} line {number}: {_why(error)} (JSONL needs "
+                    "timestamp in ms, input_length and output_length)"
+                ) from None
+        return rows
+    reader = csv.DictReader(text.splitlines())
+    for number, row in enumerate(reader, start=2):  # line 1 is the header
+        try:
             rows.append(
                 (_seconds(row["TIMESTAMP"]), int(row["ContextTokens"]), int(row["GeneratedTokens"]))
             )
-    rows.sort(key=lambda r: r[0])
-    first = rows[0][0] if rows else 0.0
-    return tuple((t - first, max(1, p), max(1, o)) for t, p, o in rows)
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise ValueError(
+                f"workload.trace {name!r} line {number}: {_why(error)} (CSV needs the columns "
+                "TIMESTAMP as 'YYYY-MM-DD HH:MM:SS', ContextTokens and GeneratedTokens)"
+            ) from None
+    return rows
+
+
+def _why(error: Exception) -> str:
+    return f"missing {error}" if isinstance(error, KeyError) else str(error)
 
 
 def _trace_arrivals(w: WorkloadSettings) -> Iterator[Arrival]:
@@ -172,6 +207,11 @@ def _trace_arrivals(w: WorkloadSettings) -> Iterator[Arrival]:
     if not rows:
         return
     span = rows[-1][0] - w.start_s + (rows[-1][0] - rows[0][0]) / max(1, len(rows) - 1)
+    if w.repeat and span <= 0:
+        raise ValueError(
+            "workload.repeat: the trace window spans no time (every request in it arrives at "
+            f"{rows[0][0]:g} s), so it cannot be looped"
+        )
     offset = 0.0
     while True:
         for t, prompt, output in rows:
@@ -220,4 +260,7 @@ def generate(w: WorkloadSettings, rng: random.Random) -> list[Arrival]:
         if arrival.prompt > w.max_prompt_tokens:
             arrival = Arrival(arrival.t, w.max_prompt_tokens, arrival.output)
         out.append(arrival)
+    if not out:
+        window = f" after start_s = {w.start_s:g} s" if w.kind == "trace" else ""
+        raise ValueError(f"the workload has no requests{window}: nothing to simulate")
     return out

@@ -7,13 +7,14 @@ import json
 import random
 from typing import Any
 
+import pytest
 import simpy
 
 from narwhal.core.descriptor import validate_descriptor
 from narwhal.core.ports import Burst, Reply, StreamOpened
 from narwhal.core.sse import EventKind, SseParser
-from narwhal.sim.driver import SimTransport, start
-from narwhal.sim.engine import EngineParams, SimEngine
+from narwhal.sim.driver import SimClock, SimTransport, start
+from narwhal.sim.engine import ERROR_500, EngineParams, SimEngine
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.timing import step_model
 
@@ -162,3 +163,62 @@ def test_stream_interval_coalesces_tokens() -> None:
     env.run(until=5.0)
     assert out["tokens"] == 40
     assert len(out["times"]) == 6  # first token at once, then every 8 tokens, then the end
+
+
+def pair(kv_lease_s: float) -> tuple[simpy.Environment, SimTransport]:
+    env = simpy.Environment()
+    net = KvNetwork(env, bandwidth_gbps=40.0, setup_s=0.001)
+    registry: dict[str, SimEngine] = {}
+    params = EngineParams(model="llama3-8b", jitter=0.0, kv_lease_s=kv_lease_s)
+    engines = {
+        url: SimEngine(
+            env, url, i, params, step_model("llama3-8b"), net, registry, random.Random(i)
+        )
+        for i, url in enumerate(("http://p", "http://d"))
+    }
+    return env, SimTransport(env, engines)
+
+
+@pytest.mark.parametrize(("wait_s", "pulled"), [(0.5, True), (1.5, False)])
+def test_a_handoff_past_its_lease_cannot_be_pulled_even_from_an_idle_producer(
+    wait_s: float, pulled: bool
+) -> None:
+    env, transport = pair(kv_lease_s=1.0)
+    got: list[bytes] = []
+
+    async def handoff_then_decode() -> None:
+        reply = await transport.call("http://p", "POST", "/v1/completions", prefill_body(99), {}, 9)
+        assert isinstance(reply, Reply) and reply.status == 200
+        params = json.loads(reply.body)["kv_transfer_params"]
+        await SimClock(env).sleep(wait_s)  # the producer runs no step meanwhile
+        body = {"prompt": "x" * 99, "max_tokens": 4, "stream": True, "kv_transfer_params": params}
+        opened = await transport.open_stream("http://d", "/v1/completions", body, {}, env.now + 9)
+        assert isinstance(opened, StreamOpened)
+        while True:
+            result = await transport.next_chunk(opened.handle, env.now + 9)
+            if not isinstance(result, Burst):
+                return
+            got.extend(data for _, data in result.reads)
+
+    start(env, handoff_then_decode())
+    env.run(until=5.0)
+    assert (b"data: [DONE]\n\n" in got) and ((ERROR_500 in got) is not pulled)
+
+
+def test_a_prompt_that_can_never_fit_the_kv_cache_is_refused_with_400() -> None:
+    # 8 blocks of 16, one kept free as the watermark: 7 x 16 - 1 = 111 prompt tokens at most
+    env, engine, transport = make(num_blocks=8, block_size=16)
+    replies: list[Any] = []
+
+    async def call(chars: int) -> None:
+        body = prefill_body(chars)
+        replies.append(await transport.call(URL, "POST", "/v1/completions", body, {}, 10.0))
+
+    start(env, call(110))  # 111 tokens with the BOS: fits
+    start(env, call(111))  # 112: never could
+    env.run(until=2.0)
+    fits, too_long = replies[1], replies[0]  # the refusal comes back at once, before the step
+    assert isinstance(fits, Reply) and fits.status == 200
+    assert isinstance(too_long, Reply) and too_long.status == 400
+    assert "maximum context length is 111 tokens" in json.loads(too_long.body)["error"]["message"]
+    assert not engine.seqs and engine.free_blocks == 8 - 7  # the handoff holds its 7 blocks

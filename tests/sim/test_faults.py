@@ -171,3 +171,35 @@ def test_coalesced_reads_give_the_same_run_as_one_wake_up_per_chunk() -> None:
     assert held.records == eager.records
     assert held.decisions == eager.decisions
     assert held.engines == eager.engines
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ({"kind": "crash", "role": "any", "at_s": 1.0, "factor": 2.0}, "'factor' applies to"),
+        ({"kind": "hang", "role": "any", "at_s": 1.0, "probability": 0.5}, "whole engine"),
+        ({"kind": "http_5xx", "role": "any", "at_s": 1.0, "after_tokens": 3}, "stream kinds"),
+        ({"kind": "crash", "engine": "http://sim-p0", "at_s": 1.0, "count": 2}, "'count' is"),
+        ({"kind": "crash", "role": "decode", "rate_per_hour": 1.0, "count": 2}, "'count' is"),
+        ({"kind": "crash", "role": "both", "at_s": 1.0}, "no engine of role 'both'"),
+        ({"kind": "crash", "role": "decode", "at_s": 1.0, "count": 3}, "the fleet has 2"),
+        ({"kind": "stall", "role": "prefill", "at_s": 1.0}, "does nothing on role 'prefill'"),
+        ({"kind": "early_done", "engine": "http://sim-p1", "at_s": 1.0}, "role prefill"),
+        ({"kind": "bad_descriptor", "role": "decode", "at_s": 1.0}, "does nothing on role"),
+        ({"kind": "crash", "engine": "http://sim-x", "at_s": 1.0}, "is not in the fleet"),
+    ],
+)
+def test_a_fault_that_would_do_nothing_or_ignore_a_key_is_refused(
+    fault: dict[str, Any], message: str
+) -> None:
+    # The run must be what the file says: no silently dropped windows or ignored keys.
+    with pytest.raises(ValueError, match=message) as caught:
+        scenario(faults=[{"kind": "refused", "role": "any", "at_s": 0.5}, fault])
+    assert "faults[1]" in str(caught.value)
+
+
+def test_role_any_picks_only_engines_that_can_act_the_fault_out() -> None:
+    stall = {"kind": "stall", "role": "any", "rate_per_hour": 3600.0, "duration_s": 0.5}
+    result = run(scenario(faults=[stall], workload={"duration_s": 4.0}))
+    assert result.fault_windows
+    assert {w.url for w in result.fault_windows} <= {"http://sim-d0", "http://sim-d1"}

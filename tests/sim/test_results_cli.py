@@ -86,3 +86,76 @@ def test_cli_names_the_bad_key(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "fleet.prefil: unknown key" in err
     assert "recovery.eject_after" in err
     assert "faults[0].kind" in err
+
+
+def test_tpot_counts_the_tokens_delivered_before_an_early_done() -> None:
+    early = {"kind": "early_done", "engine": "http://sim-d0", "at_s": 0.0, "duration_s": 1e6}
+    early["after_tokens"] = 5
+    result = run(scenario(faults=[early], workload={"duration_s": 2.0}))
+    rows = record_rows(result)
+    cut = [r for r in rows if "http://sim-d0" in r["engines"]]
+    whole = [r for r in rows if "http://sim-d0" not in r["engines"]]
+    assert cut and whole
+    assert {(r["status"], r["output_tokens"], r["delivered_tokens"]) for r in cut} == {(200, 20, 5)}
+    assert {(r["status"], r["delivered_tokens"]) for r in whole} == {(200, 20)}
+    for r in cut + whole:
+        expected = (r["finished_s"] - r["first_byte_s"]) / (r["delivered_tokens"] - 1)
+        assert r["tpot_s"] == pytest.approx(expected, abs=2e-6)  # from rounded columns
+
+
+HUNG_FOREVER = {
+    "engine": {"first_token_timeout_s": 1e6, "decode_read_timeout_s": 0, "request_timeout_s": 1e7},
+    "fleet": {"prefill": 1, "decode": 1},
+    "workload": {
+        "kind": "fixed",
+        "arrivals_s": [0.0, 0.5, 1.0, 9.0],
+        "prompt": None,
+        "output": None,
+    },
+    "faults": [{"kind": "hang", "role": "decode", "at_s": 0.0, "duration_s": 1e7}],
+    "sim": {"max_sim_s": 5.0, "health_checks": False},  # req-3 would arrive at 9 s
+}
+
+
+def test_requests_still_running_when_the_run_stops_are_reported_unfinished(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run(scenario(**HUNG_FOREVER))
+    rows = record_rows(result)
+    assert [(r["request_id"], r["status"], r["outcome"]) for r in rows] == [
+        (f"req-{i}", None, "unfinished") for i in range(4)
+    ]
+    summary = summarize(result, rows)
+    assert (summary["requests"], summary["unfinished"], summary["statuses"]) == (4, 4, {})
+    assert summary["fault_windows"] == 1
+    path = tmp_path / "hung.toml"
+    path.write_text(
+        "[engine]\nfirst_token_timeout_s = 1e6\ndecode_read_timeout_s = 0\n"
+        "request_timeout_s = 1e7\n[fleet]\nprefill = 1\ndecode = 1\n"
+        '[workload]\nkind = "fixed"\narrivals_s = [0.0, 0.5]\n'
+        '[[faults]]\nkind = "hang"\nrole = "decode"\nat_s = 0.0\nduration_s = 1e7\n'
+        "[sim]\nmax_sim_s = 5.0\n"
+    )
+    assert main(["simulate", str(path), "--out", str(tmp_path / "o"), "--no-plot"]) == 0
+    captured = capsys.readouterr()
+    assert "unfinished" in captured.out
+    assert "2 of 2 requests had not finished" in captured.err
+
+
+def test_fault_windows_after_the_end_of_the_run_are_not_counted() -> None:
+    late = {"kind": "crash", "engine": "http://sim-p0", "at_s": 500.0, "duration_s": 1.0}
+    result = run(scenario(faults=[late], workload={"duration_s": 1.0}))
+    assert result.sim_end_s < 500.0 and result.fault_windows == []
+    assert summarize(result)["fault_windows"] == 0
+
+
+def test_only_a_bundled_trace_is_cited_and_only_when_used(tmp_path: Path) -> None:
+    assert "trace" not in summarize(run(scenario(workload={"duration_s": 1.0})))
+    fixed = {"kind": "fixed", "arrivals_s": [0.0], "prompt": None, "output": None}
+    assert "trace" not in summarize(run(scenario(workload=fixed)))
+    drawn = {"kind": "poisson", "rate": 5.0, "duration_s": 1.0, "prompt": None, "output": None}
+    assert "AzurePublicDataset" in summarize(run(scenario(workload=drawn)))["trace"]
+    own = tmp_path / "own.csv"
+    own.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00,50,5\n")
+    mine = run(scenario(workload={"kind": "trace", "trace": str(own), "duration_s": 1.0}))
+    assert summarize(mine)["trace"] == f"{own}: a trace file"

@@ -5,6 +5,10 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
 
 from narwhal.sim.workload import LengthDist, WorkloadSettings, generate, load_trace
 
@@ -57,3 +61,51 @@ def test_trace_replay_window_scale_and_repeat() -> None:
         WorkloadSettings(kind="trace", trace="azure2023_code", max_requests=10), random.Random(0)
     )
     assert code[0].prompt == 4808 and code[0].output == 10
+
+
+def test_a_length_range_must_be_ordered() -> None:
+    with pytest.raises(ValidationError, match=r"low \(500\) must be <= high \(100\)"):
+        LengthDist(dist="uniform", low=500, high=100)
+    with pytest.raises(ValidationError, match="must be <= high"):
+        LengthDist(dist="lognormal", low=500, high=100)
+    assert LengthDist(dist="fixed", value=7, low=500, high=100).draw(random.Random(0)) == 7
+
+
+CSV_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("when,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,6\n", "line 2: missing"),
+        (CSV_HEADER + "2023-11-16 18:15:46,5,6\n2023-11-16 18:15:47,five,6\n", "line 3: invalid"),
+        (CSV_HEADER + "yesterday,5,6\n", "line 2:"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 6}\n{"timestamp": 1}\n', "line 2"),
+        (CSV_HEADER, "holds no requests"),
+        ("", "holds no requests"),
+    ],
+    ids=["csv_column", "csv_number", "csv_time", "jsonl_key", "header_only", "empty"],
+)
+def test_a_malformed_trace_file_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as caught:
+        load_trace(str(path))
+    assert str(path) in str(caught.value)
+
+
+def test_looping_a_trace_window_that_spans_no_time_is_refused(tmp_path: Path) -> None:
+    # One request (or several at one instant) has no period to repeat: it used to loop forever.
+    path = tmp_path / "one.csv"
+    path.write_text(CSV_HEADER + "2023-11-16 18:15:46,5,6\n2023-11-16 18:15:46,7,8\n")
+    w = WorkloadSettings(kind="trace", trace=str(path), repeat=True, duration_s=10.0)
+    with pytest.raises(ValueError, match="spans no time"):
+        generate(w, random.Random(0))
+    once = WorkloadSettings(kind="trace", trace=str(path), duration_s=10.0)
+    assert len(generate(once, random.Random(0))) == 2
+
+
+def test_a_workload_without_requests_is_refused() -> None:
+    late = WorkloadSettings(kind="trace", start_s=1e9, duration_s=10.0)
+    with pytest.raises(ValueError, match=r"no requests after start_s = 1e\+09 s"):
+        generate(late, random.Random(0))
