@@ -159,6 +159,7 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         "scenario": result.scenario.name,
         "seed": result.seed,
         "requests": n,
+        "stream": result.scenario.workload.stream,  # False: clients get whole responses
         "succeeded": len(ok),
         "success_pct": round(100.0 * len(ok) / n, 3) if n else 0.0,
         "statuses": {
@@ -229,7 +230,8 @@ def table(summary: dict[str, Any]) -> str:
         ),
         ("retried requests", str(summary["retried_requests"])),
         (
-            "TTFT at client p50/p99",
+            # a non-streaming client sees nothing before the end: first_byte_s is the router's
+            "TTFT at client p50/p99" if summary["stream"] else "first token (router) p50/p99",
             f"{_fmt(summary['first_byte_s']['p50'], 'ms')} / "
             f"{_fmt(summary['first_byte_s']['p99'], 'ms')}",
         ),

@@ -8,7 +8,7 @@ import pytest
 
 from narwhal.cli import main
 from narwhal.sim.plot import plot
-from narwhal.sim.results import record_rows, summarize, write
+from narwhal.sim.results import record_rows, summarize, table, write
 from narwhal.sim.runner import run
 from tests.sim.conftest import scenario
 
@@ -159,3 +159,10 @@ def test_only_a_bundled_trace_is_cited_and_only_when_used(tmp_path: Path) -> Non
     own.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00,50,5\n")
     mine = run(scenario(workload={"kind": "trace", "trace": str(own), "duration_s": 1.0}))
     assert summarize(mine)["trace"] == f"{own}: a trace file"
+
+
+def test_a_non_streaming_run_does_not_call_the_first_token_the_clients() -> None:
+    streamed = table(summarize(run(scenario(workload={"duration_s": 1.0}))))
+    whole = table(summarize(run(scenario(workload={"duration_s": 1.0, "stream": False}))))
+    assert "TTFT at client" in streamed and "first token (router)" not in streamed
+    assert "first token (router)" in whole and "TTFT at client" not in whole
