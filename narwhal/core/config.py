@@ -11,6 +11,7 @@ a consumer, unique URLs) are checked after the fields themselves.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from enum import Enum
 from pathlib import Path
@@ -88,6 +89,10 @@ def _check_host_port(value: str) -> str:
     return value
 
 
+# a DNS name or IPv4 address, or an IPv6 address (urlsplit drops its brackets)
+_HOST = re.compile(r"[A-Za-z0-9._-]+|[0-9A-Fa-f:.]+")
+
+
 class EngineEntry(_Strict):
     """One engine of the fleet."""
 
@@ -98,12 +103,29 @@ class EngineEntry(_Strict):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        """Refuse what could never be dialled; normalise the rest (lower-case scheme and host,
+        no trailing slash) so one engine cannot be listed twice under two spellings."""
+        parts = urlsplit(value.strip())
+        scheme = parts.scheme.lower()
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(f"port out of range 1-65535 in {value!r}")
+        host = parts.hostname
+        if scheme not in ("http", "https") or not host:
             raise ValueError(f"must be an http(s) URL like 'http://127.0.0.1:8100', got {value!r}")
+        if any(c.isspace() for c in value.strip()) or not _HOST.fullmatch(host):
+            raise ValueError(f"not a valid host in {value!r}")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(
+                "must not carry credentials: they would show in /status, /metrics and the logs"
+            )
         if parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ValueError(f"must be the engine's base URL without a path, got {value!r}")
-        return value.rstrip("/")
+        netloc = f"[{host}]" if ":" in host else host
+        return f"{scheme}://{netloc}" + (f":{port}" if port is not None else "")
 
     @field_validator("kv_endpoint")
     @classmethod
@@ -194,6 +216,11 @@ def read_toml(path: str | Path, what: str, error: type[ValueError]) -> dict[str,
         text = Path(path).read_text(encoding="utf-8")
     except OSError as problem:
         raise error(f"cannot read {what} {path}: {problem.strerror or problem}") from None
+    except UnicodeDecodeError as problem:
+        raise error(
+            f"cannot read {what} {path}: not UTF-8 text (byte {problem.start}); TOML files "
+            "are UTF-8"
+        ) from None
     return parse_toml(text, str(path), error)
 
 

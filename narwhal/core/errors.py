@@ -79,7 +79,14 @@ class Fault:
         """The OpenAI-shaped error object sent to the client."""
         if self.upstream_body is not None:
             return self.upstream_body
-        return {"error": {"message": self.message, "type": self.error_type, "code": self.status}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": None,
+                "code": self.status,
+            }
+        }
 
 
 def inband_status(error: Any) -> int:

@@ -14,6 +14,7 @@ non-streaming clients; a non-streaming client gets the stream assembled into one
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,33 @@ def _positive_int(body: dict[str, Any], key: str) -> None:
         raise BadRequest(f"'{key}' must be a positive integer, got {value!r}")
 
 
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinite number in a JSON value (None: all finite).
+
+    JSON has no such numbers, but parsers accept ``NaN``, ``Infinity`` and overflowing literals
+    (``1e400``); no engine body can carry them, so the request is refused up front."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _non_finite(item, f"{path}.{key}" if path else str(key))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _non_finite(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _single_prompt(prompt: list[Any]) -> bool:
+    """A tokenized prompt (a list of ints) or a batch of one (one string or one token list)."""
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return True
+    return len(prompt) == 1 and isinstance(prompt[0], str | list)
+
+
 def parse_client_request(
     endpoint: str, body: object, *, request_id: str, arrival: float
 ) -> ClientRequest:
@@ -64,6 +92,11 @@ def parse_client_request(
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
             raise BadRequest("'prompt' is required (a string or a non-empty list)")
+        if isinstance(prompt, list) and not _single_prompt(prompt):
+            raise BadRequest(
+                "'prompt' must be one prompt (a string or a list of token ids): a prefill "
+                "hands off the KV of one prompt, so batched prompts cannot be disaggregated"
+            )
     else:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -75,6 +108,9 @@ def parse_client_request(
     _positive_int(body, "max_tokens")
     _positive_int(body, "max_completion_tokens")
     _positive_int(body, "n")
+    bad_number = _non_finite(body, "")
+    if bad_number is not None:
+        raise BadRequest(f"'{bad_number}' must be a finite number (JSON has no NaN or Infinity)")
     clean = {k: json_copy(v) for k, v in body.items() if k != "kv_transfer_params"}
     return ClientRequest(request_id=request_id, endpoint=endpoint, body=clean, arrival=arrival)
 

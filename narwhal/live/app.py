@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -64,6 +65,16 @@ def openai_error(status: int, message: str, kind: str, code: Any = None) -> dict
             "code": status if code is None else code,
         }
     }
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    """Starlette's own errors (unknown path 404, wrong method 405) in OpenAI's error shape."""
+    assert isinstance(error, HTTPException)
+    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    body = openai_error(
+        error.status_code, f"{error.detail}: {request.method} {request.url.path}", kind
+    )
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 
 class Router:
@@ -104,6 +115,7 @@ class Router:
                 Route("/status", self._status, methods=["GET"]),
             ],
             lifespan=self._lifespan,
+            exception_handlers={HTTPException: _http_error},
         )
         self.app = _FastPath(self.starlette, inference)
 
@@ -176,7 +188,10 @@ class Router:
             if version is None and listed is None:
                 lines.append(f"  {entry.url:<28} {entry.role.value:<8} unreachable")
                 continue
-            names = [m.get("id") for m in (listed or {}).get("data", []) if isinstance(m, dict)]
+            data = listed.get("data") if isinstance(listed, dict) else None
+            names = [
+                m.get("id") for m in (data if isinstance(data, list) else ()) if isinstance(m, dict)
+            ]
             found = version.get("version") if isinstance(version, dict) else None
             lines.append(
                 f"  {entry.url:<28} {entry.role.value:<8} vllm {found or '?'}  "

@@ -112,6 +112,24 @@ def test_documented_defaults() -> None:
             "(top level)",
             "more than once",
         ),
+        (
+            {
+                "engines": [
+                    {"url": "HTTP://A:80", "role": "both"},
+                    {"url": "http://a:80/", "role": "both"},
+                ]
+            },
+            "(top level)",
+            "more than once",
+        ),
+        ({"engines": [{"url": "http://a:99999", "role": "both"}]}, "engines[0].url", "1-65535"),
+        ({"engines": [{"url": "http://a:0", "role": "both"}]}, "engines[0].url", "1-65535"),
+        ({"engines": [{"url": "http://a b:80", "role": "both"}]}, "engines[0].url", "valid host"),
+        (
+            {"engines": [{"url": "http://u:pw@a:80", "role": "both"}]},
+            "engines[0].url",
+            "must not carry credentials",
+        ),
     ],
 )
 def test_bad_config_names_key_and_reason(patch: dict, key: str, reason: str) -> None:
@@ -133,3 +151,14 @@ def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
         load_config(tmp_path / "absent.toml")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(write(tmp_path, "[engine\n"))
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(b"[engine]\nfirst_token_timeout_s = 5.0 # caf\xe9\n")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(latin1)
+
+
+def test_engine_urls_are_normalised() -> None:
+    cfg = parse_config({"engines": [{"url": " HTTP://LocalHost:8100/ ", "role": "both"}]})
+    assert cfg.engines[0].url == "http://localhost:8100"
+    ipv6 = parse_config({"engines": [{"url": "http://[::1]:8100", "role": "both"}]})
+    assert ipv6.engines[0].url == "http://[::1]:8100"

@@ -477,7 +477,7 @@ def test_eject_after_k_failures_through_the_lifecycle() -> None:
 def test_error_body_is_openai_shaped() -> None:
     out = serve({"prefill": [Prefill(status=502)]})
     assert out.sink.body is not None
-    assert set(out.sink.body["error"]) == {"message", "type", "code"}
+    assert set(out.sink.body["error"]) == {"message", "type", "param", "code"}
     json.dumps(out.sink.body)
 
 

@@ -20,7 +20,11 @@ from narwhal.core.requests import (
 )
 
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=20,
 )
@@ -77,6 +81,16 @@ def parse(body: object, endpoint: str = COMPLETIONS) -> Any:
         (COMPLETIONS, {"prompt": "x", "max_tokens": "3"}, "'max_tokens' must be a positive"),
         (CHAT, {"messages": [{}], "max_completion_tokens": -1}, "'max_completion_tokens' must"),
         (COMPLETIONS, {"prompt": "x", "n": 1.5}, "'n' must be a positive integer"),
+        (COMPLETIONS, {"prompt": ["a", "b"]}, "'prompt' must be one prompt"),
+        (COMPLETIONS, {"prompt": [[1, 2], [3]]}, "'prompt' must be one prompt"),
+        (COMPLETIONS, {"prompt": [1, "a"]}, "'prompt' must be one prompt"),
+        (
+            COMPLETIONS,
+            {"prompt": "x", "temperature": float("nan")},
+            "'temperature' must be a finite",
+        ),
+        (CHAT, {"messages": [{}], "logit_bias": {"5": float("inf")}}, "'logit_bias.5' must be a"),
+        (COMPLETIONS, {"prompt": "x", "x": [1.0, -float("inf")]}, "'x[1]' must be a finite"),
     ],
 )
 def test_bad_shapes_say_why(endpoint: str, body: object, reason: str) -> None:
@@ -90,6 +104,9 @@ def test_good_shapes_parse() -> None:
     assert chat.endpoint == CHAT and chat.stream
     tokens = parse({"prompt": [1, 2, 3], "max_tokens": 4, "n": 1})
     assert tokens.body["prompt"] == [1, 2, 3] and not tokens.stream
+    assert parse({"prompt": ["one"]}).body["prompt"] == ["one"]  # a batch of one
+    assert parse({"prompt": [[1, 2]]}).body["prompt"] == [[1, 2]]
+    assert parse({"prompt": "x", "temperature": 0.5, "top_p": 1e-300}).body["top_p"] == 1e-300
 
 
 @settings(derandomize=True, max_examples=300)

@@ -162,6 +162,7 @@ def start_router(
     api_key: str | None = None,
     seed: int = 0,
     max_body_bytes: int = 4 * 1024 * 1024,
+    announce: Callable[[str], None] | None = None,
 ) -> RouterHandle:
     """A live router on a free loopback port, with short test timeouts (:data:`FAST_ENGINE`)."""
     data: dict[str, Any] = {
@@ -172,7 +173,12 @@ def start_router(
     if contract is not None:
         data["engine_contract"] = contract
     app = Router(
-        parse_config(data), seed=seed, api_key=api_key, tick_s=0.02, max_body_bytes=max_body_bytes
+        parse_config(data),
+        seed=seed,
+        api_key=api_key,
+        tick_s=0.02,
+        max_body_bytes=max_body_bytes,
+        announce=announce,
     )
     sock = bind("127.0.0.1", 0)
     server = make_router_server(app.app, graceful_s=0.2)  # as `narwhal serve` runs it

@@ -10,7 +10,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.live.conftest import HTTP, Emulator, RouterHandle, metric_value
+from narwhal.live.serving import BackgroundServer, bind, make_server, port_of
+from tests.live.conftest import HTTP, Emulator, RouterHandle, Servers, metric_value
 
 
 @pytest.fixture
@@ -110,3 +111,67 @@ def test_status_health_models_metrics(
     assert metric_value(metrics, "narwhal_engine_state", engine=pair[1]["url"], state="ready") == 1
     assert metric_value(metrics, "narwhal_placements_total", phase="decode") == 1
     assert "narwhal_reservations_in_flight" in metrics
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-1e400"])
+def test_a_number_json_cannot_carry_is_a_400(
+    router: Callable[..., RouterHandle], pair: list[dict[str, Any]], number: bytes
+) -> None:
+    handle = router(pair)
+    body = b'{"prompt": "hi", "max_tokens": 2, "temperature": ' + number + b"}"
+    reply = HTTP.post(handle.url + "/v1/completions", content=body)
+    assert reply.status_code == 400  # it was a 500: the prefill body could not be encoded
+    assert reply.json()["error"]["message"].startswith("'temperature' must be a finite number")
+    assert handle.status()["requests_in_flight"] == 0
+
+
+def test_unknown_paths_and_methods_get_openai_shaped_errors(
+    router: Callable[..., RouterHandle], pair: list[dict[str, Any]]
+) -> None:
+    handle = router(pair)
+    missing = HTTP.get(handle.url + "/v1/embeddings")
+    assert missing.status_code == 404
+    assert missing.json()["error"] == {
+        "message": "Not Found: GET /v1/embeddings",
+        "type": "not_found_error",
+        "param": None,
+        "code": 404,
+    }
+    wrong = HTTP.get(handle.url + "/v1/completions")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json()["error"]["type"] == "invalid_request_error"
+
+
+async def odd_engine(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answers /version and /v1/models with JSON of unexpected shapes."""
+    if scope["type"] != "http":
+        return
+    body = {"/version": b'{"version": 7}', "/v1/models": b'{"object": "list", "data": null}'}
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body.get(scope["path"], b"[]")})
+
+
+def test_the_router_starts_whatever_shape_an_engine_lists_its_models_in(
+    servers: Servers, router: Callable[..., RouterHandle], emulator: Callable[..., Emulator]
+) -> None:
+    sock = bind("127.0.0.1", 0)
+    servers.start(BackgroundServer(make_server(odd_engine, lifespan="off"), [sock]))
+    odd = f"http://127.0.0.1:{port_of(sock)}"
+    lines: list[str] = []
+    router(
+        [{"url": odd, "role": "prefill"}, {"url": emulator("decode").url, "role": "decode"}],
+        announce=lines.append,
+    )
+    assert len(lines) == 2 and "vllm 7  models ?" in lines[0]  # it crashed on "data": null
+
+
+def test_a_request_over_the_engines_context_is_its_400_and_blocks_nothing(
+    router: Callable[..., RouterHandle], pair: list[dict[str, Any]]
+) -> None:
+    handle = router(pair)
+    url = handle.url + "/v1/completions"
+    reply = HTTP.post(url, json={"prompt": "hi", "max_tokens": 10**20})
+    assert reply.status_code == 400  # the emulator used to build 10**20 tokens first
+    assert "maximum context length is 2048 tokens" in reply.json()["error"]["message"]
+    assert HTTP.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=5).status_code == 200
+    assert all(e["failure_streak"] == 0 for e in handle.status()["engines"])  # not charged

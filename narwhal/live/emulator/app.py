@@ -338,6 +338,15 @@ class EmulatorApp:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise _Rejected(400, f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
         text = prompt_text(body, chat)
+        limit = self.config.max_model_len
+        if prompt_tokens(text) + max_tokens > limit:  # vLLM refuses these up front, with a 400
+            raise _Rejected(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {prompt_tokens(text) + max_tokens} tokens ({prompt_tokens(text)} in "
+                f"the prompt, {max_tokens} in the completion).",
+                "max_tokens",
+            )
         headers = Headers(scope=scope)
         request_id = headers.get("x-request-id") or uuid.UUID(int=self._rng.getrandbits(128)).hex
         kv = body.get("kv_transfer_params")
