@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 import uvicorn
 
+from narwhal.live.headlimit import BoundedHttpToolsProtocol
+
 STARTUP_TIMEOUT_S = 15.0
 
 
@@ -50,7 +52,7 @@ def make_server(
     lifespan: Literal["auto", "on", "off"] = "on",
     log_level: str = "warning",
     graceful_s: float = 1.0,
-    http: Literal["h11", "httptools"] = "h11",
+    http: Literal["h11", "httptools"] | type[asyncio.Protocol] = "h11",
     loop: Literal["asyncio", "uvloop"] = "asyncio",
 ) -> uvicorn.Server:
     """A uvicorn server (HTTP/1.1 via h11 on asyncio's loop unless told otherwise); requests
@@ -71,10 +73,15 @@ def make_server(
 def make_router_server(
     app: Any, *, log_level: str = "warning", graceful_s: float = 1.0
 ) -> uvicorn.Server:
-    """The router's server: httptools' HTTP parser on uvloop (the emulator keeps h11, whose
-    connection internals its ``reset`` fault uses, on asyncio's loop)."""
+    """The router's server: httptools' HTTP parser, with a bound on request heads, on uvloop
+    (the emulator keeps h11, whose connection internals its ``reset`` fault uses, on asyncio's
+    loop)."""
     return make_server(
-        app, log_level=log_level, graceful_s=graceful_s, http="httptools", loop="uvloop"
+        app,
+        log_level=log_level,
+        graceful_s=graceful_s,
+        http=BoundedHttpToolsProtocol,
+        loop="uvloop",
     )
 
 
