@@ -135,7 +135,7 @@ class _Lifecycle:
     def _may_retry(self, failure: Fault, now: float) -> bool:
         return (
             failure.retryable
-            and not self.got_token
+            and not self.committed  # nothing visible yet (a non-streaming client sees the end)
             and self.attempts < self.policies.config.recovery.max_attempts
             and self.deadline.permits_attempt(now, self.shortest_attempt_s or 0.0)
         )
@@ -331,6 +331,8 @@ class _Lifecycle:
             return http_fault(opened.status, opened.body, consumer, "decode")
         pending_metadata: list[bytes] = []
         assembler = None if self.request.stream else ResponseAssembler(self.request.endpoint)
+        if not self.committed:  # an earlier attempt's tokens were never shown: count afresh
+            self.got_token, self.tokens, self.first_byte_s = False, 0, None
         reader = DecodeReader(
             consumer,
             first_token_at=first_token_at,

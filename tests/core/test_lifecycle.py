@@ -376,8 +376,20 @@ def test_non_streaming_client_gets_assembled_response() -> None:
 
 
 def test_non_streaming_failure_after_first_token_is_an_http_error_not_retried() -> None:
-    out = serve({"decode": [SILENT_AFTER_TOKEN]}, stream=False, max_attempts=3)
+    out = serve({"decode": [SILENT_AFTER_TOKEN]}, stream=False, max_attempts=1)
     assert out.sink.status == 504 and out.record is not None and out.record.attempts == 1
+
+
+def test_non_streaming_failure_after_tokens_is_retried_nothing_was_visible() -> None:
+    # DESIGN: visible output is the first token *sent to the client*; a non-streaming client
+    # is sent nothing until the end, so the attempt may be retried, its tokens discarded.
+    later = Decode(items=((0.5, token("C")), (0.01, token("D")), (0.0, DONE)))
+    out = serve({"decode": [SILENT_AFTER_TOKEN, later]}, stream=False, max_attempts=3)
+    assert out.record is not None and out.record.attempts == 2 and out.sink.status == 200
+    assert out.sink.body is not None and out.sink.body["choices"][0]["text"] == "CD"
+    assert out.record.output_tokens == 2  # the failed attempt's "A" is not counted
+    assert out.record.first_byte_s is not None and out.record.first_byte_s > 0.5  # this attempt's
+    assert_clean(out)
 
 
 def test_client_disconnect_before_first_token_releases_everything() -> None:
