@@ -82,8 +82,8 @@ def test_quarantine_is_visible(
         ],
         recovery={"failure_quarantine_s": 2.0, "eject_after": 5, "probe_interval_s": 60.0},
     )
-    first.faults({"kind": "done_first"})
-    second.faults({"kind": "done_first"})
+    first.faults({"kind": "status", "code": 500})
+    second.faults({"kind": "status", "code": 500})
     with pytest.raises(openai.APIStatusError):
         ask(handle)
     engines = {e["url"]: e for e in handle.status()["engines"]}
