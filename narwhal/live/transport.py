@@ -319,22 +319,29 @@ class HttpxTransport:
         request = self._request("POST", url + path, body, headers)
         stream: HttpStream | None = None
         result: OpenResult = TimedOut()
-        with anyio.move_on_after(self._timeout(deadline)):
-            try:
-                response = await self.http.handle_async_request(request)
-                response.request = request
-                stream = HttpStream(response)
-                self._open.add(stream)
-                if stream.status == 200:
-                    result = StreamOpened(stream, 200)
-                else:
-                    body_bytes = await _read_bounded(stream.response)
-                    result = StreamOpened(stream, stream.status, body_bytes)
-            except httpx.HTTPError as error:
-                result = _failure(error)
-        if stream is not None and (not isinstance(result, StreamOpened) or result.status != 200):
-            self.close_stream(stream)  # the core also closes non-200 handles: idempotent
-        return result
+        handed_over = False
+        try:
+            with anyio.move_on_after(self._timeout(deadline)):
+                try:
+                    response = await self.http.handle_async_request(request)
+                    response.request = request
+                    stream = HttpStream(response)
+                    self._open.add(stream)
+                    if stream.status == 200:
+                        result = StreamOpened(stream, 200)
+                    else:
+                        body_bytes = await _read_bounded(stream.response)
+                        result = StreamOpened(stream, stream.status, body_bytes)
+                except httpx.HTTPError as error:
+                    result = _failure(error)
+            handed_over = isinstance(result, StreamOpened) and result.status == 200
+            return result
+        finally:
+            # Only a 200 stream is the caller's to close. Anything else is closed here, even
+            # when the request is cancelled mid-way (the client left while an error body was
+            # being read): its connection would otherwise stay open until shutdown.
+            if stream is not None and not handed_over:
+                self.close_stream(stream)
 
     async def next_chunk(self, handle: Any, deadline: float) -> ChunkResult:
         stream: HttpStream = handle

@@ -198,3 +198,30 @@ def test_a_runaway_prefill_reply_is_a_502(
     assert reply.status_code == 502
     assert reply.json()["error"]["message"] == f"prefill response over {MAX_REPLY_BYTES} bytes"
     assert handle.status()["requests_in_flight"] == 0
+
+
+async def unfinished_error_engine(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answers 500 and starts an error body that it never finishes."""
+    assert scope["type"] == "http"
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 500, "headers": []})
+    await send({"type": "http.response.body", "body": b'{"error": ', "more_body": True})
+    await anyio.sleep(30)
+
+
+def test_a_cancelled_open_closes_the_stream_it_was_reading(servers: Servers) -> None:
+    sock = bind("127.0.0.1", 0)
+    servers.start(BackgroundServer(make_server(unfinished_error_engine, lifespan="off"), [sock]))
+    url = f"http://127.0.0.1:{port_of(sock)}"
+
+    async def main() -> tuple[int, int]:
+        clock = AnyioClock()
+        async with HttpxTransport(clock) as transport:
+            with anyio.move_on_after(0.3):  # the client leaves while the error body is read
+                await transport.open_stream(url, "/v1/completions", BODY, {}, clock.now() + 20)
+            await anyio.sleep(0.15)  # past the bounded drain
+            await settled(transport)
+            return len(transport._open), pooled_connections(transport)
+
+    assert anyio.run(main) == (0, 0)  # the stream and its connection were left open
