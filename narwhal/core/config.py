@@ -62,7 +62,8 @@ class RecoverySettings(_Strict):
     max_attempts: int = Field(1, ge=1)  # 1 = no retries
     retry_budget_ratio: float = Field(0.2, ge=0, le=1)
     retry_budget_min: int = Field(3, ge=0)
-    probe_interval_s: float = Field(5.0, gt=0)
+    # the background loop ticks at half of it: a floor keeps that from spinning
+    probe_interval_s: float = Field(5.0, ge=0.01)
 
 
 class EngineContract(_Strict):

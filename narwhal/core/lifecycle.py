@@ -230,6 +230,8 @@ class _Lifecycle:
             return fault(
                 FaultKind.DEADLINE, "request deadline passed", engine=None, phase="request"
             )
+        if not policies.placement.any_eligible("decode", now):
+            return self._no_engine("decode")  # nobody could take the handoff: spare the prefill
         producer = policies.placement.choose("prefill", now, self.failed_engines)
         if producer is None:
             return self._no_engine("prefill")

@@ -60,6 +60,11 @@ class Placement:
         placeable = self._breaker.placeable
         return [url for url in self._serving[phase] if placeable(url, now)]
 
+    def any_eligible(self, phase: str, now: float) -> bool:
+        """Whether some engine could take ``phase`` now (cheaper than :meth:`candidates`)."""
+        placeable = self._breaker.placeable
+        return any(placeable(url, now) for url in self._serving[phase])
+
     def choose(self, phase: str, now: float, avoid: Collection[str] = ()) -> str | None:
         """The engine for ``phase``, or None when no engine of that role is eligible."""
         candidates = self.candidates(phase, now)

@@ -123,6 +123,7 @@ def test_documented_defaults() -> None:
             "more than once",
         ),
         ({"engines": [{"url": "http://a:99999", "role": "both"}]}, "engines[0].url", "1-65535"),
+        ({"recovery": {"probe_interval_s": 1e-9}}, "recovery.probe_interval_s", "0.01"),
         ({"engines": [{"url": "http://a:0", "role": "both"}]}, "engines[0].url", "1-65535"),
         ({"engines": [{"url": "http://a b:80", "role": "both"}]}, "engines[0].url", "valid host"),
         (

@@ -430,6 +430,30 @@ def test_no_eligible_engine_is_503_with_retry_after() -> None:
     )
     run(serve_request(request, make_ports(clock, transport), policies, sink))
     assert sink.status == 503 and "retry-after" in sink.headers
+    assert transport.calls == [], "no prefill is spent on a handoff no consumer could take"
+    assert policies.placement.in_flight() == 0
+
+
+def test_a_consumer_lost_during_the_prefill_gets_its_handoff_released() -> None:
+    clock = VirtualClock()
+    policies = Policies(config(), seed=3)
+
+    class EjectingTransport(ScriptedTransport):
+        async def call(self, *args: Any, **kwargs: Any) -> Any:  # both consumers fail meanwhile
+            for url in (D0, D1):
+                for _ in range(3):
+                    policies.breaker.on_failure(
+                        url, policies.breaker.epoch(url), clock.now(), phase="decode"
+                    )
+            return await super().call(*args, **kwargs)
+
+    transport = EjectingTransport(clock, {})
+    sink = RecordingSink()
+    request = parse_client_request(
+        COMPLETIONS, {"prompt": "x"}, request_id="r", arrival=clock.now()
+    )
+    run(serve_request(request, make_ports(clock, transport), policies, sink))
+    assert sink.status == 503
     assert transport.released, "the prefill's handoff is released when no consumer can take it"
     assert policies.placement.in_flight() == 0
 
