@@ -48,13 +48,13 @@ def test_ejection_then_probe_readmission(
     metrics = handle.metrics()
     assert metric_value(metrics, "narwhal_ejections_total", engine=consumer.url) == 1
     # The only consumer is out: the router answers 503 with Retry-After, not a hang, and
-    # releases the producer's handoff nobody will pull.
-    held_before = producer.state()["kv_released"]
+    # spends no prefill on a handoff nobody would pull.
+    prefills_before = producer.state()["prefills"]
     with pytest.raises(openai.APIStatusError) as caught:
         ask(handle)
     assert caught.value.status_code == 503
     assert caught.value.response.headers["retry-after"]
-    handle.wait_for(lambda: producer.state()["kv_released"] == held_before + 1)
+    assert producer.state()["prefills"] == prefills_before
     # Probes keep failing while the fault lasts; once cleared, one passes and readmits.
     handle.wait_for(
         lambda: metric_value(handle.metrics(), "narwhal_probes_total", outcome="failed") >= 1
