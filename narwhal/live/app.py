@@ -300,6 +300,23 @@ class _FastPath:
         await self.starlette(scope, receive, send)
 
 
+SHUTDOWN_MESSAGE = "the router is shutting down; retry the request"
+
+
+async def _answer_shutdown(sink: AsgiSink, send: Send) -> None:
+    """End a request cut short by shutdown: 503 before the commit, a terminal event after."""
+    if sink.gone or sink.finished:
+        return
+    error = openai_error(503, SHUTDOWN_MESSAGE, "service_unavailable")
+    log.warning("request cut short by the shutdown grace period")
+    with contextlib.suppress(Exception):
+        if not sink.started:
+            await sink.respond(503, error, {"retry-after": "1"})
+            return
+        event = b"data: " + json.dumps(error).encode() + b"\n\n"
+        await send({"type": "http.response.body", "body": event, "more_body": False})
+
+
 class _Inference:
     """Raw ASGI endpoint for one OpenAI route: body limits, parsing, then the core lifecycle."""
 
@@ -338,7 +355,14 @@ class _Inference:
             await serve_request(request, router.ports, router.policies, sink)
             await sink.finish()
 
-        await run_with_disconnect(receive, sink, work)
+        try:
+            await run_with_disconnect(receive, sink, work)
+        except anyio.get_cancelled_exc_class():
+            # The server cancels what is still running when its shutdown grace period ends:
+            # the client gets a clear end (a 503, or one terminal SSE event after the 200)
+            # instead of a cut connection. The core has already released everything.
+            with anyio.CancelScope(shield=True):
+                await _answer_shutdown(sink, send)
 
     async def _read_body(self, receive: Receive, headers: Headers, sink: AsgiSink) -> bytes | None:
         limit = self.router._max_body

@@ -27,6 +27,13 @@ def register(subparsers: Any) -> None:
     )
     serve.add_argument("--seed", type=int, default=0, help="seed of every policy's randomness")
     serve.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    serve.add_argument(
+        "--graceful-s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM/SIGINT, how long requests in flight may finish before they are ended "
+        "with a 503 or a terminal SSE error event (default 10)",
+    )
     serve.set_defaults(func=serve_command)
 
     preflight = subparsers.add_parser(
@@ -82,6 +89,9 @@ def serve_command(args: argparse.Namespace) -> int:
     from narwhal.live.app import Router
     from narwhal.live.serving import bind, make_router_server, port_of, serve_blocking
 
+    if args.graceful_s < 0:
+        print("narwhal serve: --graceful-s must be >= 0", file=sys.stderr)
+        return 2
     config = _load(args.config)
     if config is None:
         return 2
@@ -105,7 +115,8 @@ def serve_command(args: argparse.Namespace) -> int:
     router = Router(
         config, seed=args.seed, api_key=api_key, announce=lambda line: print(line, flush=True)
     )
-    serve_blocking(make_router_server(router.app, log_level=args.log_level), [sock])
+    server = make_router_server(router.app, log_level=args.log_level, graceful_s=args.graceful_s)
+    serve_blocking(server, [sock])
     return 0
 
 
