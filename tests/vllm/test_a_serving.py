@@ -147,3 +147,24 @@ def test_two_sampled_choices_as_one_engine(narwhal: Callable[..., Narwhal], pair
     after = sources(pair)
     assert after["consumer"]["external_kv_transfer"] > before["consumer"]["external_kv_transfer"]
     assert after["consumer"]["local_compute"] == before["consumer"]["local_compute"]
+
+
+def test_non_streamed_logprobs_as_one_engine(narwhal: Callable[..., Narwhal], pair: Fleet) -> None:
+    """A non-streaming client gets the logprobs the plain engine gives (Narwhal streams upstream
+    and assembles: every token's logprob and its alternatives must survive that)."""
+    prompt = unique_prompt(3, 50)
+    common: dict[str, Any] = {
+        "model": MODEL, "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 2
+    }  # fmt: skip
+    single = openai.OpenAI(base_url=pair.single.url + "/v1", api_key="unused", max_retries=0)
+    expected = single.completions.create(**common).choices[0].logprobs
+
+    got = narwhal().client().completions.create(**common).choices[0].logprobs
+
+    assert expected is not None and got is not None  # the assembler used to drop them: None
+    assert got.tokens == expected.tokens and len(got.tokens or []) == 6
+    assert got.text_offset == expected.text_offset
+    assert got.token_logprobs == pytest.approx(expected.token_logprobs, abs=1e-3)
+    assert [sorted(t) for t in got.top_logprobs or []] == [
+        sorted(t) for t in expected.top_logprobs or []
+    ]
