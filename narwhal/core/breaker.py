@@ -180,10 +180,8 @@ class Breaker:
         wave_roles = {role for role in (Role.PREFILL, Role.DECODE) if self._whole_wave(role)}
         due: list[str] = []
         for engine in self._engines.values():
-            if engine.ejected_since is None or engine.probing:
-                continue
-            if engine.eject_reason == "health" and not self._contract:
-                continue  # readmitted by a passing health check instead
+            if not self._awaits_probe(engine):
+                continue  # in service, being probed, or readmitted by a health check instead
             ready = engine.next_probe_at is not None and now >= engine.next_probe_at
             in_due_wave = any(
                 self._serves(engine.role, role) and self._wave_due(role, now) for role in wave_roles
@@ -217,7 +215,7 @@ class Breaker:
         times = [
             e.next_probe_at
             for e in self._engines.values()
-            if e.ejected_since is not None and not e.probing and e.next_probe_at is not None
+            if self._awaits_probe(e) and e.next_probe_at is not None
         ]
         return min(times) if times else None
 
@@ -265,6 +263,12 @@ class Breaker:
         times = [
             e.next_probe_at
             for e in self._engines.values()
-            if self._serves(e.role, role) and not e.probing and e.next_probe_at is not None
+            if self._serves(e.role, role) and self._awaits_probe(e) and e.next_probe_at is not None
         ]
         return bool(times) and now >= min(times)
+
+    def _awaits_probe(self, engine: EngineHealth) -> bool:
+        """Ejected, not being probed, and readmitted by a probe (not by a health check)."""
+        if engine.ejected_since is None or engine.probing:
+            return False
+        return engine.eject_reason != "health" or self._contract

@@ -85,6 +85,7 @@ class _Lifecycle:
         self.open_stream: Any = None
         self.unused_handoff: tuple[str, dict[str, Any]] | None = None
         self.final: tuple[int, str, str | None] | None = None  # status, outcome, error
+        self.record: RequestRecord | None = None  # written once, on every path
 
     # ------------------------------------------------------------------ the request
 
@@ -128,7 +129,9 @@ class _Lifecycle:
             if holding_retry:
                 budget.release()
             budget.request_finished()
-            if self.final is None:  # cancelled by the driver: the client went away
+            if self.record is None:
+                # cancelled by the driver (the client went away), or the last write to the
+                # client failed: it did not get its answer, whatever that would have been
                 self.final = (CLIENT_GONE_STATUS, "client_gone", "request cancelled")
                 self._finish_record()
 
@@ -168,7 +171,8 @@ class _Lifecycle:
             await self.sink.respond(failure.status, failure.error_body(), headers)
 
     def _finish_record(self) -> RequestRecord:
-        assert self.final is not None
+        """Hand the request's one record to ``policies.on_record``."""
+        assert self.final is not None and self.record is None
         status, outcome, error = self.final
         now = self.ports.clock.now()
         record = RequestRecord(
@@ -185,6 +189,7 @@ class _Lifecycle:
             output_tokens=self.tokens,
             error=error,
         )
+        self.record = record
         self.policies.on_record(record)
         return record
 
@@ -270,13 +275,13 @@ class _Lifecycle:
             )
         if isinstance(result, ConnectFailed):
             return connect_fault(result, producer, "prefill")
+        self.ttft_s = now - self.request.arrival  # the producer's HTTP leg completed
         descriptor_or_fault = read_prefill(
             result, producer, connector, policies.pinned_side_channel(producer)
         )
         if isinstance(descriptor_or_fault, Fault):
             return descriptor_or_fault
         descriptor = descriptor_or_fault
-        self.ttft_s = now - self.request.arrival
         policies.breaker.on_success(producer, self._epochs[producer], now, phase="prefill")
         self.unused_handoff = (producer, descriptor)
 

@@ -46,11 +46,12 @@ class RequestRecord:
     outcome: str  # "ok" or the FaultKind value that ended it, or "client_gone"
     committed: bool  # HTTP 200 was sent before the end (streaming)
     ttft_s: float | None  # producer HTTP leg completed (last attempt that got that far)
-    first_byte_s: float | None  # first generated decode output observed by the router
+    # first generated decode output observed by the router (last attempt that got that far)
+    first_byte_s: float | None
     finished_s: float  # end of the request
     attempts: int
     engines: tuple[str, ...]  # every engine used, in order (producer, consumer, ...)
-    output_tokens: int  # generated-output events forwarded
+    output_tokens: int  # generated-output events received (last attempt that decoded)
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:

@@ -295,3 +295,18 @@ TestBreakerMachine = BreakerMachine.TestCase
 TestBreakerMachine.settings = settings(
     max_examples=150, stateful_step_count=40, derandomize=True, deadline=None
 )
+
+
+def test_a_wave_member_down_by_health_check_does_not_keep_the_wave_due() -> None:
+    # Without a contract, an engine marked down by a health check waits for a passing check;
+    # its probe time must not make the other members of the wave due at every tick.
+    b = breaker(eject_after=1, engines=((A, Role.PREFILL), (B, Role.PREFILL), (C, Role.DECODE)))
+    b.on_health(A, 0.0, ok=False)
+    fail(b, B, 10.0)  # now every prefill engine is out: a whole wave
+    assert b.due_probes(10.0) == [B]
+    b.on_probe(B, 10.5, ProbeOutcome.FAILED)
+    retry_at = b.health(B).next_probe_at
+    assert retry_at is not None and retry_at > 15.0  # backed off
+    assert all(b.due_probes(t) == [] for t in (11.0, 12.0, 13.0, 14.0, 15.0))
+    assert b.next_probe_time() == retry_at
+    assert b.due_probes(retry_at) == [B]

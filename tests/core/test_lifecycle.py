@@ -585,3 +585,51 @@ def test_header_delay_and_token_gap_share_the_first_token_budget() -> None:
     assert out.clock.now() == pytest.approx(1000.0 + 0.05 + 1.0)
     ok = Decode(items=((0.3, token("A")), (0.0, DONE)), open_delay=0.6)
     assert serve({"decode": [ok]}).sink.status == 200
+
+
+class CancelledSink(RecordingSink):
+    """A client whose connection is cancelled during one kind of write."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+
+    async def respond(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+        if self.where == "respond":
+            raise Cancelled()
+        await super().respond(status, body, headers)
+
+    async def send(self, data: bytes) -> None:
+        if (self.where == "done" and data == DONE) or (self.where == "error" and b"error" in data):
+            raise Cancelled()
+        await super().send(data)
+
+
+@pytest.mark.parametrize(
+    ("where", "scripts", "stream"),
+    [
+        ("respond", {"prefill": [Prefill(connect="refused")]}, True),  # the error response
+        ("respond", {}, False),  # the assembled response
+        ("done", {}, True),  # the final [DONE]
+        ("error", {"decode": [Decode(items=((0.01, token("A")),), end="eof")]}, True),
+    ],
+    ids=["error_response", "assembled_response", "done", "terminal_event"],
+)
+def test_a_last_write_cut_short_still_leaves_one_record(
+    where: str, scripts: dict[str, list[Any]], stream: bool
+) -> None:
+    out = serve(scripts, stream=stream, sink=CancelledSink(where))  # serve checks: one record
+    assert out.record is not None and out.record.outcome == "client_gone"
+    assert out.record.status == 499
+    assert_clean(out)
+
+
+def test_ttft_is_the_producer_legs_completion_whatever_it_answered() -> None:
+    # spec: "ttft_s: elapsed time to producer HTTP completion"
+    answered = serve({"prefill": [Prefill(status=500, delay=0.3)]})
+    assert answered.record is not None and answered.record.ttft_s == pytest.approx(0.3)
+    bad = serve({"prefill": [Prefill(kv=descriptor(engine_id=""), delay=0.2)]})
+    assert bad.record is not None and bad.record.status == 502
+    assert bad.record.ttft_s == pytest.approx(0.2)
+    refused = serve({"prefill": [Prefill(connect="refused")]})
+    assert refused.record is not None and refused.record.ttft_s is None  # it never completed

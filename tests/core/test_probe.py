@@ -69,6 +69,16 @@ def test_consumer_probe_uses_a_fresh_handoff_from_the_original_producer() -> Non
     assert policies.breaker.state(D0, clock.now()) is EngineState.READY
 
 
+def test_a_consumer_that_refuses_the_probe_never_got_its_handoff_so_it_is_released() -> None:
+    clock, transport, policies, ports = setup(scripts={D0: [Decode(connect="refused")]})
+    eject(policies, D0, clock.now(), producer=P1)
+    assert run(probe_engine(D0, ports, policies)) is ProbeOutcome.FAILED
+    assert [url for url, _ in transport.released] == [P1]
+    transport.released.clear()
+    assert run(probe_engine(D0, ports, policies)) is ProbeOutcome.PASSED
+    assert transport.released == []  # delivered: the consumer pulled it
+
+
 def test_consumer_probe_inconclusive_when_its_producer_fails() -> None:
     clock, _transport, policies, ports = setup(scripts={P1: [Prefill(connect="refused")]})
     eject(policies, D0, clock.now(), producer=P1)
