@@ -623,12 +623,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--producer", required=True, help="producer base URL")
     parser.add_argument("--consumer", required=True, help="consumer base URL")
     parser.add_argument("--model", default=MODEL_NAME)
-    parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)))
+    from narwhal.vllm.commands import int_list  # the same checks as `narwhal calibrate`
+
+    parser.add_argument("--lengths", type=int_list, default=list(DEFAULT_LENGTHS))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64, help="decode tokens per handoff")
     parser.add_argument("--out", type=Path, help="write the samples and fit as JSON")
     args = parser.parse_args(argv)
-    lengths = [int(n) for n in args.lengths.split(",")]
+    lengths = args.lengths
+    if args.repeats < 1 or args.tokens < 8:
+        parser.error("--repeats must be >= 1 and --tokens >= 8")
     try:
         result = calibrate(
             args.producer.rstrip("/"),

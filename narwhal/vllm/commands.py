@@ -15,14 +15,27 @@ from pathlib import Path
 from typing import Any
 
 
-def _ints(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"need positive integers: {text!r}")
+    if len(set(values)) < 2:
+        raise argparse.ArgumentTypeError(f"need at least two different values to fit: {text!r}")
     return values
+
+
+def _writable(path: Path | None) -> str | None:
+    """Why ``path`` cannot be written after the measuring (None: it can)."""
+    if path is None:
+        return None
+    if path.is_dir():
+        return f"{path} is a directory"
+    if not path.parent.is_dir():
+        return f"no such directory: {path.parent}"
+    return None
 
 
 def register(subparsers: Any) -> None:
@@ -47,13 +60,13 @@ def register(subparsers: Any) -> None:
     calibrate.add_argument("--model", default=None, help="model name (default: GET /v1/models)")
     calibrate.add_argument(
         "--lengths",
-        type=_ints,
+        type=int_list,
         default=None,
         help="prompt lengths in characters (default 16,128,384,768,1280)",
     )
     calibrate.add_argument(
         "--batches",
-        type=_ints,
+        type=int_list,
         default=None,
         help="concurrent decode streams (default 1,2,4,8,16)",
     )
@@ -84,6 +97,11 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.tokens < 8:
         print("calibrate: --repeats must be >= 1 and --tokens >= 8", file=sys.stderr)
         return 2
+    for flag, path in (("--out", args.out), ("--json", args.json)):
+        problem = _writable(path)
+        if problem is not None:  # found now, not after minutes of measuring
+            print(f"calibrate: {flag}: {problem}", file=sys.stderr)
+            return 2
     try:
         result = calibrate_engine(
             args.engine.rstrip("/"),
@@ -100,9 +118,13 @@ def calibrate_command(args: argparse.Namespace) -> int:
         print(f"calibrate: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     print(engine_report(result))
-    if args.out:
-        args.out.write_text(result.toml(), encoding="utf-8")
-        print(f"[fleet] snippet: {args.out}")
-    if args.json:
-        args.json.write_text(json.dumps(engine_json(result), indent=1) + "\n", encoding="utf-8")
+    try:
+        if args.json:
+            args.json.write_text(json.dumps(engine_json(result), indent=1) + "\n", "utf-8")
+        if args.out:
+            args.out.write_text(result.toml(), encoding="utf-8")
+            print(f"[fleet] snippet: {args.out}")
+    except OSError as error:  # the report above keeps the measurements
+        print(f"calibrate: cannot write: {error}", file=sys.stderr)
+        return 1
     return 0

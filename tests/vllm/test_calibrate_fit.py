@@ -7,10 +7,11 @@ import asyncio
 import math
 import random
 import tomllib
+from pathlib import Path
 
 import pytest
 
-from narwhal.cli import build_parser
+from narwhal.cli import build_parser, main
 from narwhal.live.emulator.timing import LinearTiming
 from narwhal.sim.runner import run
 from narwhal.sim.scenario import parse_scenario
@@ -136,3 +137,19 @@ def test_time_batch_sends_prompts_of_the_asked_length() -> None:
     finally:
         running.stop_all()
     assert computed[1] > 10 * computed[0] > 0
+
+
+@pytest.mark.parametrize("lengths", ["16", "16,16", "16,abc", "0,16"])
+def test_a_list_that_cannot_be_fitted_is_refused_at_once(lengths: str) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["calibrate", "--engine", "http://e", "--lengths", lengths])
+
+
+def test_an_unwritable_output_is_refused_before_any_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the engine is unreachable: measuring would end in exit 1, refusing first gives 2
+    missing = tmp_path / "absent" / "fleet.toml"
+    assert main(["calibrate", "--engine", "http://127.0.0.1:9", "--out", str(missing)]) == 2
+    assert f"--out: no such directory: {missing.parent}" in capsys.readouterr().err
+    assert main(["calibrate", "--engine", "http://127.0.0.1:9", "--json", str(tmp_path)]) == 2
