@@ -62,7 +62,7 @@ def register(subparsers: Any) -> None:
 
 def _sweep(args: argparse.Namespace) -> int:
     from narwhal.experiments.spec import SpecError, load_spec
-    from narwhal.experiments.sweep import prepare, run_sweep, write_sweep
+    from narwhal.experiments.sweep import check_out, prepare, run_sweep, write_sweep
 
     if args.workers is not None and args.workers < 0:
         print("narwhal sweep: --workers must be >= 0", file=sys.stderr)
@@ -84,6 +84,11 @@ def _sweep(args: argparse.Namespace) -> int:
             print(f"  point {point.index}: {point.label()}")
         return 0
     out = Path(args.out) if args.out else Path("sweep-out") / name
+    try:
+        check_out(out)
+    except ValueError as error:
+        print(f"narwhal sweep: {error}", file=sys.stderr)
+        return 2
     if args.redraw:
         from narwhal.experiments.sweep import redraw
 

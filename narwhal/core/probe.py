@@ -25,7 +25,7 @@ from narwhal.core.errors import Fault
 from narwhal.core.jsonparse import parse_json
 from narwhal.core.legs import LegFault, read_prefill, stream_events
 from narwhal.core.policies import Policies
-from narwhal.core.ports import ConnectFailed, Ports, Reply, StreamOpened
+from narwhal.core.ports import ConnectFailed, Ports, Reply, StreamOpened, TimedOut
 from narwhal.core.requests import COMPLETIONS
 from narwhal.core.sse import EventKind
 
@@ -50,6 +50,9 @@ async def contract_problems(url: str, ports: Ports, policies: Policies) -> list[
     version = await ports.transport.call(
         url, "GET", "/version", None, {}, ports.clock.now() + timeout
     )
+    if isinstance(version, ConnectFailed | TimedOut):  # say so, not "version None"
+        reason = "timed out" if isinstance(version, TimedOut) else version.reason
+        return [f"unreachable: GET /version {reason}"]
     found = _json_field(version, "version")
     if found != contract.vllm_version:
         problems.append(f"version {found!r} != pinned {contract.vllm_version!r}")

@@ -64,7 +64,11 @@ def _longest_first(tasks: list[RunTask]) -> list[RunTask]:
 
 def _in_process(tasks: list[RunTask]) -> Iterable[RunOutcome]:
     for task in tasks:
-        yield run_task(task)
+        try:
+            outcome = run_task(task)
+        except Exception as error:  # reported as the process pool reports it
+            raise BackendError(f"run {task.index} failed: {error!r}") from error
+        yield outcome
 
 
 def _processes(tasks: list[RunTask], workers: int) -> Iterable[RunOutcome]:

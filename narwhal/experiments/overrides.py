@@ -121,6 +121,13 @@ def _number(value: Any, key: str, *, positive: bool = True) -> float:
     return float(value)
 
 
+def _count(fleet: dict[str, Any], role: str) -> int:
+    value = fleet.get(role, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"fleet.{role}: must be a whole number of engines, got {value!r}")
+    return int(value)
+
+
 def _resolve_fleet(data: dict[str, Any]) -> None:
     fleet = data.get("fleet")
     if not isinstance(fleet, dict) or ("size" not in fleet and "pd_ratio" not in fleet):
@@ -130,7 +137,7 @@ def _resolve_fleet(data: dict[str, Any]) -> None:
         raise ValueError("fleet.size: the scenario lists [[engines]]; sizes need [fleet] counts")
     if fleet.get("both", 0):
         raise ValueError("fleet.size: derived sizes split prefill and decode; fleet.both is set")
-    prefill, decode = int(fleet.get("prefill", 0)), int(fleet.get("decode", 0))
+    prefill, decode = _count(fleet, "prefill"), _count(fleet, "decode")
     if size_raw is None:
         size = prefill + decode
     elif isinstance(size_raw, bool) or not isinstance(size_raw, int):
@@ -150,9 +157,19 @@ def _resolve_fleet(data: dict[str, Any]) -> None:
 
 
 def scale_rate(data: dict[str, Any], multiplier: float) -> None:
-    """Multiply the workload's arrival rate (trace ``rate_scale`` or synthetic ``rate``)."""
+    """Multiply the workload's arrival rate: trace ``rate_scale``, synthetic ``rate``, or the
+    ``fixed`` arrival times divided (as :func:`narwhal.sim.results.goodput_sweep` does)."""
     workload = data.setdefault("workload", {})
+    if not isinstance(workload, dict):
+        raise ValueError(f"workload: must be a table, got {workload!r}")
     kind = workload.get("kind", _WORKLOAD_DEFAULTS["kind"])
+    if kind == "fixed":
+        times = workload.get("arrivals_s")
+        if isinstance(times, list) and all(
+            isinstance(t, int | float) and not isinstance(t, bool) for t in times
+        ):
+            workload["arrivals_s"] = [t / multiplier for t in times]
+        return  # anything else is refused when the scenario is parsed
     key = "rate_scale" if kind == "trace" else "rate"
     base = _number(workload.get(key, _WORKLOAD_DEFAULTS[key]), f"workload.{key}")
     workload[key] = base * multiplier
@@ -167,15 +184,6 @@ def resolve(data: dict[str, Any]) -> dict[str, Any]:
         multiplier = _number(workload.pop("rate_multiplier"), "workload.rate_multiplier")
         scale_rate(out, multiplier)
     return out
-
-
-def engine_count(data: dict[str, Any]) -> int:
-    """Engines in a resolved scenario mapping (listed, or counted in ``[fleet]``)."""
-    engines = data.get("engines")
-    if isinstance(engines, list):
-        return len(engines)
-    fleet = data.get("fleet", {})
-    return sum(int(fleet.get(role, 0)) for role in ("prefill", "decode", "both"))
 
 
 def apply(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from narwhal.core.config import parse_toml
-from narwhal.experiments.overrides import apply, engine_count, resolve, scale_rate
+from narwhal.experiments.overrides import apply, resolve, scale_rate
 from narwhal.experiments.spec import Case, SpecError, SweepSpec
 from narwhal.sim.scenario import ScenarioError, default_scenario_text, parse_scenario
 
@@ -144,14 +144,14 @@ def build_plan(spec: SweepSpec, *, samples: bool = False) -> Plan:
     for index, (params, overrides) in enumerate(expand_points(spec)):
         point = Point(index, params)
         points.append(point)
-        try:
+        try:  # the point's scenario is validated before anything is read from it
             data = resolve(apply(base, overrides))
-        except ValueError as error:
+            parsed = parse_scenario(data, f"point {index}")
+        except (ScenarioError, ValueError) as error:
             raise _refuse(spec, point, str(error)) from None
-        fleet = data.get("fleet", {})
         engines[index] = {
-            "engines": engine_count(data),
-            **{role: int(fleet.get(role, 0)) for role in ("prefill", "decode", "both")},
+            "engines": len(parsed.router.engines),
+            **{role: int(getattr(parsed.fleet, role)) for role in ("prefill", "decode", "both")},
         }
         variants: list[tuple[float | None, dict[str, Any]]] = []
         for multiplier in multipliers:
@@ -159,15 +159,12 @@ def build_plan(spec: SweepSpec, *, samples: bool = False) -> Plan:
             if multiplier is not None:
                 scenario = copy.deepcopy(data)
                 assert goodput is not None
-                factor = multiplier * (engine_count(data) if goodput.per_engine else 1)
+                factor = multiplier * (len(parsed.router.engines) if goodput.per_engine else 1)
                 try:
                     scale_rate(scenario, factor)
-                except ValueError as error:
+                    parse_scenario(scenario, f"point {index}")
+                except (ScenarioError, ValueError) as error:
                     raise _refuse(spec, point, str(error)) from None
-            try:
-                parse_scenario(scenario, f"point {index}")
-            except (ScenarioError, ValueError) as error:
-                raise _refuse(spec, point, str(error)) from None
             variants.append((multiplier, scenario))
         for replicate in range(spec.sweep.replicates):
             seed = derive_seed(spec.sweep.seed, params, replicate, spec.sweep.seed_by)

@@ -190,6 +190,27 @@ def _check_axes(where: str, grid: dict[str, Any], problems: list[str]) -> None:
             problems.append(f"  {where}.{key}: repeated values")
 
 
+def _check_quick_goodput(
+    goodput: GoodputSettings, quick: QuickGoodput, problems: list[str]
+) -> None:
+    """The [goodput] that --quick would run must be as valid as the full one."""
+    merged = goodput.model_dump()
+    if quick.rate_multipliers is not None:
+        merged["rate_multipliers"] = quick.rate_multipliers
+    if quick.report_at is not None:
+        merged["report_at"] = quick.report_at
+    try:
+        checked = GoodputSettings.model_validate(merged)
+    except ValidationError as error:
+        problems.extend(_format(error, "quick.goodput"))
+        return
+    if checked.report_at is not None and checked.report_at not in checked.rate_multipliers:
+        problems.append(
+            f"  quick.goodput.report_at: {checked.report_at:g} is not one of the quick "
+            "rate_multipliers (set quick.goodput.report_at)"
+        )
+
+
 def _semantics(spec: SweepSpec, problems: list[str]) -> None:
     """Cross-section rules pydantic cannot state field by field."""
     labels = [case.label for case in spec.cases]
@@ -221,6 +242,8 @@ def _semantics(spec: SweepSpec, problems: list[str]) -> None:
                 problems.append(f"  quick.cases: {label!r} is not a case label")
         if quick.goodput is not None and goodput is None:
             problems.append("  quick.goodput: the spec has no [goodput] section")
+        elif quick.goodput is not None and goodput is not None:
+            _check_quick_goodput(goodput, quick.goodput, problems)
     if spec.sweep.recipe is not None:
         from narwhal.experiments.figures import RECIPES, check_options
 
@@ -256,7 +279,7 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>") -> SweepSpec:
             if isinstance(quick.get(key), dict):
                 quick[key] = flatten(quick[key], stop_at_lists=key == "grid")
         shaped["quick"] = quick
-    sweep = shaped.get("sweep")
+    sweep = shaped.get("sweep", {})  # no [sweep] table: every default, the file's stem as name
     if isinstance(sweep, dict) and "name" not in sweep and not source.startswith("<"):
         shaped["sweep"] = {**sweep, "name": Path(source).stem}
     for key, check in (("base", _check_overrides), ("grid", _check_axes)):

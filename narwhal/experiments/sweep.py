@@ -129,6 +129,15 @@ def redraw(
         for task, row in zip(plan.tasks, rows, strict=True)
     ]
     run_fields, runs = run_rows(plan, outcomes)
+    labels = [k for k in run_fields if k not in known and not k.startswith(ERROR_PREFIX)]
+    ours = list(csv.DictReader(csv_text(labels, runs).splitlines()))
+    for index, (mine, theirs) in enumerate(zip(ours, rows, strict=True)):
+        for key in labels:  # seeds alike (seed_by = "replicate") do not make the runs alike
+            if mine[key] != theirs.get(key):
+                raise ValueError(
+                    f"{path} is not this sweep's: run {index} has {key} = "
+                    f"{theirs.get(key)!r}, the spec gives {mine[key]!r}"
+                )
     point_fields, points = point_rows(plan, runs)
     return SweepResult(plan.spec, plan, outcomes, run_fields, runs, point_fields, points, quick)
 
@@ -151,8 +160,15 @@ def describe(result: SweepResult) -> dict[str, Any]:
     }
 
 
+def check_out(out: Path) -> None:
+    """Refuse an output path that could not take the files (before a sweep runs, not after)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a directory")
+
+
 def write_sweep(result: SweepResult, out: Path, *, figures: bool = True) -> list[Path]:
     """Write every result file into ``out``; returns the paths written."""
+    check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fields, rows in (

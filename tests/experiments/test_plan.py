@@ -10,7 +10,7 @@ import pytest
 from narwhal.experiments.aggregate import goodput
 from narwhal.experiments.overrides import apply, resolve
 from narwhal.experiments.plan import build_plan, derive_seed
-from narwhal.experiments.spec import parse_spec
+from narwhal.experiments.spec import SpecError, parse_spec
 
 
 def test_seed_is_a_pinned_function_of_seed_point_and_replicate() -> None:
@@ -84,6 +84,30 @@ def test_rate_multiplier_scales_trace_or_synthetic_rate() -> None:
         apply({"workload": {"kind": "poisson", "rate": 10.0}}, {"workload.rate_multiplier": 2})
     )
     assert poisson["workload"] == {"kind": "poisson", "rate": 20.0}
+
+
+def test_rate_multiplier_compresses_fixed_arrivals() -> None:
+    fixed = {"workload": {"kind": "fixed", "arrivals_s": [0.0, 1.0, 3.0]}}
+    out = resolve(apply(fixed, {"workload.rate_multiplier": 2.0}))
+    assert out["workload"]["arrivals_s"] == [0.0, 0.5, 1.5]  # it used to set an unused rate
+
+
+@pytest.mark.parametrize(
+    ("base", "message"),
+    [
+        ({"fleet": 3}, "fleet"),
+        ({"fleet.prefill": "two"}, "fleet.prefill: must be a whole number of engines"),
+        ({"workload": 5}, "workload"),
+    ],
+)
+def test_a_malformed_point_is_a_spec_error_naming_its_key(
+    base: dict[str, Any], message: str
+) -> None:
+    spec = parse_spec(
+        {"base": base, "grid": {"fleet.size": [4]}, "goodput": {"rate_multipliers": [1.0, 2.0]}}
+    )
+    with pytest.raises(SpecError, match=message):  # these were tracebacks
+        build_plan(spec)
 
 
 def test_overrides_walk_arrays_and_merge_tables() -> None:

@@ -61,12 +61,39 @@ def _refusal(data: dict[str, Any]) -> str:
             {"grid": {"recovery.eject_after": [1, 2]}, "quick": {"grid": {"fleet.size": [2]}}},
             "quick.grid.fleet.size: not an axis of [grid]",
         ),
+        (
+            {
+                "goodput": {"rate_multipliers": [1.0]},
+                "quick": {"goodput": {"rate_multipliers": []}},
+            },
+            "quick.goodput.rate_multipliers:",
+        ),
+        (
+            {
+                "goodput": {"rate_multipliers": [1.0, 2.0], "report_at": 2.0},
+                "quick": {"goodput": {"rate_multipliers": [0.5, 1.0]}},
+            },
+            "quick.goodput.report_at: 2 is not one of the quick rate_multipliers",
+        ),
+        (
+            {
+                "goodput": {"rate_multipliers": [1.0, 2.0]},
+                "quick": {"goodput": {"rate_multipliers": [1.0, 2.0], "report_at": 7.0}},
+            },
+            "quick.goodput.report_at: 7 is not one of",
+        ),
     ],
 )
 def test_bad_spec_names_the_key(data: dict[str, Any], expected: str) -> None:
     message = _refusal(data)
     assert message.startswith("invalid sweep spec in bad.toml")
     assert expected in message
+
+
+def test_a_spec_without_a_sweep_table_is_named_after_its_file() -> None:
+    assert parse_spec({"grid": {"recovery.eject_after": [1, 2]}}, "dir/mine.toml").sweep.name == (
+        "mine"
+    )
 
 
 def test_every_problem_is_reported_at_once() -> None:

@@ -122,3 +122,41 @@ def test_redraw_rebuilds_the_same_files_from_runs_csv(tmp_path: Path) -> None:
     assert main([*args, "--redraw"]) == 0
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before
     assert main([*args, "--redraw", "--seed", "1"]) == 2  # other seeds: not this sweep's CSV
+
+
+def test_redraw_refuses_another_grids_runs_even_with_the_same_seeds(tmp_path: Path) -> None:
+    spec_path = str(EXPERIMENTS / "tuning.toml")
+    out = tmp_path / "tuning"
+    args = ["sweep", spec_path, "--quick", "--workers", "0", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    runs = out / "runs.csv"
+    rows = list(csv.DictReader(runs.read_text("utf-8").splitlines()))
+    column = next(key for key in rows[0] if "eject_after" in key)
+    for row in rows:  # what a run of the same seeds over other eject_after values would hold
+        row[column] = str(int(row[column]) + 10)
+    with runs.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    assert main([*args, "--redraw"]) == 2
+
+
+def test_an_out_path_that_is_a_file_is_refused_before_running(
+    tiny_spec: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    taken = tiny_spec.parent / "taken"
+    taken.write_text("not a directory")
+    assert main(["sweep", str(tiny_spec), "--workers", "0", "--out", str(taken)]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+
+
+def test_a_failing_run_in_process_is_reported_like_in_a_pool(
+    tiny_spec: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tiny_spec.read_text("utf-8")
+    broken = tiny_spec.parent / "broken.toml"  # runs, but its scenario fails inside the run
+    broken.write_text(text + '\n[base]\n"workload.duration_s" = 1e-9\n', "utf-8")
+    code = main(["sweep", str(broken), "--workers", "0", "--no-progress",
+                 "--out", str(tiny_spec.parent / "o")])  # fmt: skip
+    assert code == 1
+    assert "run 0 failed" in capsys.readouterr().err

@@ -62,6 +62,16 @@ def test_wrong_contract_fails(
     assert sum(row.check == "contract" for row in failed) == 3
 
 
+def test_an_unreachable_engine_is_reported_as_such_with_a_contract(
+    fleet: list[dict[str, Any]],
+) -> None:
+    fleet[1] = {**fleet[1], "url": "http://127.0.0.1:9"}  # nothing listens there
+    rows = preflight(fleet, CONTRACT)
+    contract = [r for r in rows if r.check == "contract" and r.target.startswith(fleet[1]["url"])]
+    assert contract and not contract[0].passed
+    assert contract[0].detail.startswith("unreachable"), contract[0].detail  # not "version None"
+
+
 def test_wrong_side_channel_fails(fleet: list[dict[str, Any]]) -> None:
     fleet[0] = {**fleet[0], "kv_endpoint": "127.0.0.1:1"}
     rows = preflight(fleet, CONTRACT)
