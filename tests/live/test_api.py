@@ -165,13 +165,19 @@ def test_the_router_starts_whatever_shape_an_engine_lists_its_models_in(
     assert len(lines) == 2 and "vllm 7  models ?" in lines[0]  # it crashed on "data": null
 
 
-def test_a_request_over_the_engines_context_is_its_400_and_blocks_nothing(
+def test_a_request_over_the_engines_context_is_clamped_and_blocks_nothing(
     router: Callable[..., RouterHandle], pair: list[dict[str, Any]]
 ) -> None:
+    # FACTS.md 2: vLLM clamps prompt + max_tokens to its context; the emulator used to build all
+    # 10**20 tokens first (minutes), and then to refuse such requests
     handle = router(pair)
     url = handle.url + "/v1/completions"
-    reply = HTTP.post(url, json={"prompt": "hi", "max_tokens": 10**20})
-    assert reply.status_code == 400  # the emulator used to build 10**20 tokens first
-    assert "maximum context length is 2048 tokens" in reply.json()["error"]["message"]
-    assert HTTP.post(url, json={"prompt": "hi", "max_tokens": 2}, timeout=5).status_code == 200
+    prompt = "p" * 2040  # 2,041 tokens of a 2,048 context: room for 7
+    reply = HTTP.post(url, json={"prompt": prompt, "max_tokens": 10**20}, timeout=10)
+    assert reply.status_code == 200
+    choice = reply.json()["choices"][0]
+    assert len(choice["text"]) == 7 and choice["finish_reason"] == "length"
+    too_long = HTTP.post(url, json={"prompt": "p" * 2048, "max_tokens": 1})
+    assert too_long.status_code == 400  # no room at all: the engine's 400, passed through
+    assert "longer than the maximum model length of 2048" in too_long.json()["error"]["message"]
     assert all(e["failure_streak"] == 0 for e in handle.status()["engines"])  # not charged

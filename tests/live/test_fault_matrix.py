@@ -241,3 +241,36 @@ def test_slow_tokens_are_silence_after_commit(
             received.extend(c.text for c in chunk.choices if c.text)
     assert SILENCE_TEXT in caught.value.message
     assert received == expected()[:1]
+
+
+def test_a_freeze_stops_streams_already_running(
+    fleet: tuple[Emulator, Emulator, RouterHandle],
+) -> None:
+    """``freeze`` is SIGSTOP: a stream that was flowing goes silent too (504 silence event)."""
+    import threading
+
+    _, consumer, handle = fleet
+    consumer.faults({"kind": "slow", "delay": 0.05})  # slow enough to freeze it mid-stream
+    received: list[str] = []
+    failure: list[BaseException] = []
+
+    def read() -> None:
+        stream = handle.client().completions.create(
+            model="tiny-llama", prompt=PROMPT, max_tokens=40, stream=True
+        )
+        try:
+            for chunk in stream:
+                received.extend(c.text for c in chunk.choices)
+        except openai.APIError as error:
+            failure.append(error)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    end = time.monotonic() + 5
+    while not received and time.monotonic() < end:
+        time.sleep(0.01)
+    consumer.faults({"kind": "freeze"}, replace=False)
+    reader.join(10)
+    consumer.clear()  # thaws it (through the side channel, which a freeze leaves up)
+    assert failure and SILENCE_TEXT in str(failure[0]), failure
+    assert 0 < len(received) < 40

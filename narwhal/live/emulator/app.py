@@ -338,15 +338,16 @@ class EmulatorApp:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise _Rejected(400, f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
         text = prompt_text(body, chat)
-        limit = self.config.max_model_len
-        if prompt_tokens(text) + max_tokens > limit:  # vLLM refuses these up front, with a 400
+        limit, prompt_length = self.config.max_model_len, prompt_tokens(text)
+        if prompt_length >= limit:  # no room for even one token: vLLM refuses it with a 400
             raise _Rejected(
                 400,
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {prompt_tokens(text) + max_tokens} tokens ({prompt_tokens(text)} in "
-                f"the prompt, {max_tokens} in the completion).",
-                "max_tokens",
+                f"The decoder prompt (length {prompt_length}) is longer than the maximum model "
+                f"length of {limit}.",
+                "prompt",
             )
+        # a prompt + max_tokens over the context is clamped, not rejected (FACTS.md 2)
+        max_tokens = min(max_tokens, limit - prompt_length)
         headers = Headers(scope=scope)
         request_id = headers.get("x-request-id") or uuid.UUID(int=self._rng.getrandbits(128)).hex
         kv = body.get("kv_transfer_params")
@@ -361,7 +362,7 @@ class EmulatorApp:
             response_id=("chatcmpl-" if chat else "cmpl-") + request_id,
             created=int(time.time()),
             prompt=text,
-            prompt_tokens=prompt_tokens(text),
+            prompt_tokens=prompt_length,
             max_tokens=max_tokens,
             stream=stream,
             include_usage=stream
@@ -523,6 +524,9 @@ class EmulatorApp:
             if stop_at is not None and index == stop_at:
                 break
             await anyio.sleep(per_token)
+            frozen = self._frozen
+            if frozen is not None:  # like SIGSTOP: running streams stop too, until thawed
+                await frozen.wait()
             last = index == len(tokens) - 1
             await emit(self._chunk(job, token, "length" if last else None))
             self.counts["generation_tokens"] += 1
