@@ -181,3 +181,16 @@ def test_a_request_over_the_engines_context_is_clamped_and_blocks_nothing(
     assert too_long.status_code == 400  # no room at all: the engine's 400, passed through
     assert "longer than the maximum model length of 2048" in too_long.json()["error"]["message"]
     assert all(e["failure_streak"] == 0 for e in handle.status()["engines"])  # not charged
+
+
+def test_the_prefill_leg_drops_what_a_one_token_non_streamed_request_cannot_carry(
+    router: Callable[..., RouterHandle], pair: list[dict[str, Any]]
+) -> None:
+    # the emulator refuses these as vLLM does: they reach only the streamed decode leg
+    handle = router(pair)
+    body = {"prompt": "hi", "max_tokens": 4, "min_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    reply = HTTP.post(handle.url + "/v1/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    direct = HTTP.post(pair[0]["url"] + "/v1/completions", json={**body, "stream": False})
+    assert direct.status_code == 400  # what the producer says if they were forwarded

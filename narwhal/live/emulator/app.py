@@ -337,6 +337,20 @@ class EmulatorApp:
             max_tokens = DEFAULT_MAX_TOKENS
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise _Rejected(400, f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+        # two of vLLM's own request checks, so a router that forwards what it should drop from
+        # the one-token prefill leg (stream_options, min_tokens) fails here as it would there
+        if body.get("stream_options") is not None and body.get("stream") is not True:
+            raise _Rejected(
+                400, "Stream options can only be defined when `stream=True`.", "stream_options"
+            )
+        min_tokens = body.get("min_tokens", 0)
+        if isinstance(min_tokens, int) and min_tokens > max_tokens:
+            raise _Rejected(
+                400,
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                f"got {min_tokens}.",
+                "min_tokens",
+            )
         text = prompt_text(body, chat)
         limit, prompt_length = self.config.max_model_len, prompt_tokens(text)
         if prompt_length >= limit:  # no room for even one token: vLLM refuses it with a 400
