@@ -274,3 +274,16 @@ def test_a_freeze_stops_streams_already_running(
     consumer.clear()  # thaws it (through the side channel, which a freeze leaves up)
     assert failure and SILENCE_TEXT in str(failure[0]), failure
     assert 0 < len(received) < 40
+
+
+def test_a_counted_kv_fetch_fail_waits_for_a_request_that_pulls(fleet: Any) -> None:
+    """A plain request (nothing to pull) does not use up a ``kv_fetch_fail`` with a count."""
+    _, consumer, handle = fleet
+    consumer.faults({"kind": "kv_fetch_fail", "count": 1})
+    plain = HTTP.post(consumer.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert plain.status_code == 200
+    with pytest.raises(openai.APIStatusError) as caught:  # the first handoff fails its pull
+        handle.client().completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=3)
+    assert caught.value.status_code == 500
+    done = handle.client().completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=3)
+    assert done.choices[0].text == "".join(expected(n=3))  # the count was used by that one

@@ -385,7 +385,9 @@ class EmulatorApp:
             kv=kv,
             producing=remote_decode and self.config.role.produces,
             pulling=kv is not None and kv.get("do_remote_prefill") is True,
-            fault=self.faults.take(phase),
+            fault=self.faults.take(
+                phase, pulling=kv is not None and kv.get("do_remote_prefill") is True
+            ),
         )
 
     async def _inference(self, scope: Scope, raw: bytes, send: Send, chat: bool) -> bool:

@@ -137,9 +137,13 @@ class FaultBook:
     def clear(self) -> None:
         self._faults.clear()
 
-    def take(self, phase: str) -> FaultSpec | None:
-        """The fault for the next request of ``phase`` (its count is consumed), or None."""
+    def take(self, phase: str, *, pulling: bool = False) -> FaultSpec | None:
+        """The fault for the next request of ``phase`` (its count is consumed), or None.
+        A ``kv_fetch_fail`` is only taken by a request that pulls KV (a handoff's decode): a
+        plain request would use it up without it ever firing."""
         for spec in self._faults:
+            if spec.kind == "kv_fetch_fail" and not pulling:
+                continue
             if spec.phase in ("any", phase):
                 if spec.count is not None:
                     spec.count -= 1
