@@ -40,7 +40,15 @@ from narwhal.core.legs import (
 )
 from narwhal.core.placement import Reservation
 from narwhal.core.policies import Policies
-from narwhal.core.ports import ClientGone, ClientSink, ConnectFailed, Ports, StreamOpened, TimedOut
+from narwhal.core.ports import (
+    ClientGone,
+    ClientSink,
+    ConnectFailed,
+    Ports,
+    StreamOpened,
+    TimedOut,
+    never_delivered,
+)
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import ClientRequest, decode_body, prefill_body
 from narwhal.core.retry import Deadline, handoff_too_old
@@ -317,7 +325,7 @@ class _Lifecycle:
         opened = await transport.open_stream(
             consumer, self.request.endpoint, body, {"X-Request-Id": decode_id}, first_token_at
         )
-        if pulls and not (isinstance(opened, ConnectFailed) and opened.reason == "refused"):
+        if pulls and not never_delivered(opened):
             # The consumer has the descriptor and owns the pull from here on. A refused
             # connection never delivered it: the handoff stays unused and is released.
             self.unused_handoff = None

@@ -39,6 +39,15 @@ class ConnectFailed:
     reason: str  # "refused" | "reset" | free text from the transport
 
 
+def never_delivered(result: object) -> bool:
+    """Whether the request surely never reached the engine (its connection was refused).
+
+    Only then is a handoff sent in that request still the sender's to release: after a reset or
+    a timeout the engine may have it, and may be pulling its blocks.
+    """
+    return isinstance(result, ConnectFailed) and result.reason == "refused"
+
+
 @dataclass(frozen=True)
 class TimedOut:
     """The deadline passed before the awaited thing happened."""

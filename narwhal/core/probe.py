@@ -25,7 +25,7 @@ from narwhal.core.errors import Fault
 from narwhal.core.jsonparse import parse_json
 from narwhal.core.legs import LegFault, read_prefill, stream_events
 from narwhal.core.policies import Policies
-from narwhal.core.ports import ConnectFailed, Ports, Reply, StreamOpened, TimedOut
+from narwhal.core.ports import ConnectFailed, Ports, Reply, StreamOpened, TimedOut, never_delivered
 from narwhal.core.requests import COMPLETIONS
 from narwhal.core.sse import EventKind
 
@@ -98,10 +98,10 @@ async def _decode_leg(
     descriptor: dict[str, Any] | None,
     ports: Ports,
     policies: Policies,
-    on_refused: Callable[[], None] = lambda: None,
+    producer: str | None = None,
 ) -> bool:
-    """A short streamed decode: passes on a generated token followed by [DONE].
-    ``on_refused`` runs when the connection is refused (the consumer never got the body)."""
+    """A short streamed decode: passes on a generated token followed by [DONE]. With the
+    ``producer`` of ``descriptor``, a handoff the consumer never got is released there."""
     body = probe_request(policies, 2)
     body["stream"] = True
     if descriptor is not None:
@@ -110,8 +110,8 @@ async def _decode_leg(
     deadline = ports.clock.now() + timeout
     headers = {"X-Request-Id": policies.new_id("probe-d")}
     opened = await ports.transport.open_stream(consumer, COMPLETIONS, body, headers, deadline)
-    if isinstance(opened, ConnectFailed) and opened.reason == "refused":
-        on_refused()
+    if producer is not None and descriptor is not None and never_delivered(opened):
+        ports.transport.release_handoff(producer, descriptor)
     if not isinstance(opened, StreamOpened):
         return False
     try:
@@ -159,11 +159,7 @@ async def probe_engine(url: str, ports: Ports, policies: Policies) -> ProbeOutco
     descriptor = await _prefill_leg(producer, ports, policies)
     if descriptor is None:
         return ProbeOutcome.INCONCLUSIVE  # the producer failed: nothing learned about url
-
-    def refused() -> None:  # the consumer never got the descriptor: the blocks are ours
-        ports.transport.release_handoff(producer, descriptor)
-
-    passed = await _decode_leg(url, descriptor, ports, policies, refused)
+    passed = await _decode_leg(url, descriptor, ports, policies, producer)
     return ProbeOutcome.PASSED if passed else ProbeOutcome.FAILED
 
 

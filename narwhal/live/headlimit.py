@@ -11,9 +11,9 @@ ejected every healthy engine. vLLM's own server (h11) refuses a head over 16 KiB
 
 Theory of operation: bytes received while a head is incomplete are counted (a head starts the
 connection and follows each complete request, ``on_message_complete``, and ends with
-``on_headers_complete``); they
-are fed to the parser first, so a head and body arriving in one read are never mistaken for a
-long head, and a head still incomplete past the bound after a read is refused. So the parser
+``on_headers_complete``); they are fed to the parser first, so a head and body arriving in one
+read are never mistaken for a long head, and a head still incomplete past the bound after a read
+is refused. So the parser
 never works on more than the bound plus one read (asyncio reads up to 256 KiB) of one head: a
 head that completes within the read that crosses the bound is served.
 """

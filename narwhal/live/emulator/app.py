@@ -370,6 +370,7 @@ class EmulatorApp:
         options = body.get("stream_options")
         stream = body.get("stream") is True
         phase = "prefill" if remote_decode else "decode"
+        pulling = kv is not None and kv.get("do_remote_prefill") is True
         return _Job(
             chat=chat,
             body=body,
@@ -384,10 +385,8 @@ class EmulatorApp:
             and options.get("include_usage") is True,
             kv=kv,
             producing=remote_decode and self.config.role.produces,
-            pulling=kv is not None and kv.get("do_remote_prefill") is True,
-            fault=self.faults.take(
-                phase, pulling=kv is not None and kv.get("do_remote_prefill") is True
-            ),
+            pulling=pulling,
+            fault=self.faults.take(phase, pulling=pulling),
         )
 
     async def _inference(self, scope: Scope, raw: bytes, send: Send, chat: bool) -> bool:
