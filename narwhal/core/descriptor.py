@@ -302,7 +302,7 @@ def _check_block_ids(params: dict[str, Any], connector: str) -> None:
     if connector != NIXL:
         return
     field = "remote_block_ids"
-    ids = params.get(field)
+    ids: Any = params.get(field)
     if ids is None:
         if params.get("transfer_mode") == "push":
             return  # push mode: the producer writes into the consumer; no ids to pull

@@ -12,7 +12,8 @@ Theory of operation: :func:`read_prefill` maps an HTTP reply to a descriptor or 
 the SSE parser and returns ``(arrival time, event)`` for tokens, metadata and the final
 ``[DONE]``, or records the fault (timeouts, early closes, in-band errors, malformed data,
 ``[DONE]`` before any token). The lifecycle drives it directly (one plain loop per stream);
-:func:`stream_events` wraps it as an async iterator for probes, preflight and ``EngineClient``.
+:func:`~narwhal.core.decode_events.stream_events` wraps it as an async iterator for probes,
+preflight and ``EngineClient``.
 
 What an engine sends is bounded, so a broken engine cannot exhaust the router's memory: a
 prefill reply over :data:`MAX_REPLY_BYTES` (the transport stops reading one byte past it) and an
@@ -21,7 +22,6 @@ SSE event still unfinished past :data:`MAX_EVENT_BYTES` are malformed responses 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from narwhal.core.descriptor import DescriptorError, validate_descriptor
@@ -31,11 +31,9 @@ from narwhal.core.ports import (
     Burst,
     Chunk,
     ChunkResult,
-    Clock,
     ConnectFailed,
     Reply,
     TimedOut,
-    Transport,
 )
 from narwhal.core.sse import EventKind, SseEvent, SseParser, SseTooLarge
 
@@ -272,34 +270,3 @@ class DecodeReader:
             timeout = self.decode_read_timeout_s
             bound = at + timeout if timeout > 0 else self.request_deadline
             self.deadline = bound if bound < self.request_deadline else self.request_deadline
-
-
-async def stream_events(
-    transport: Transport,
-    clock: Clock,
-    handle: Any,
-    consumer: str,
-    *,
-    first_token_at: float,
-    first_token_timeout_s: float,
-    decode_read_timeout_s: float,
-    request_deadline: float,
-) -> AsyncIterator[tuple[float, SseEvent]]:
-    """Yield ``(arrival time, event)`` for TOKEN, METADATA and the final DONE; raise LegFault
-    otherwise. The async-iterator form of :class:`DecodeReader` for the callers off the hot
-    path (probes, preflight, ``EngineClient``)."""
-    reader = DecodeReader(
-        consumer,
-        first_token_at=first_token_at,
-        first_token_timeout_s=first_token_timeout_s,
-        decode_read_timeout_s=decode_read_timeout_s,
-        request_deadline=request_deadline,
-    )
-    while True:
-        result = await transport.next_chunk(handle, reader.deadline)
-        for item in reader.read(result, clock.now()):
-            yield item
-        if reader.fault is not None:
-            raise LegFault(reader.fault)
-        if reader.done:
-            return

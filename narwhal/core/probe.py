@@ -20,10 +20,11 @@ from collections.abc import Callable
 from typing import Any
 
 from narwhal.core.breaker import ProbeOutcome
+from narwhal.core.decode_events import stream_events
 from narwhal.core.descriptor import prefill_kv_params
 from narwhal.core.errors import Fault
 from narwhal.core.jsonparse import parse_json
-from narwhal.core.legs import LegFault, read_prefill, stream_events
+from narwhal.core.legs import LegFault, read_prefill
 from narwhal.core.policies import Policies
 from narwhal.core.ports import ConnectFailed, Ports, Reply, StreamOpened, TimedOut, never_delivered
 from narwhal.core.requests import COMPLETIONS

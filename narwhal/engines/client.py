@@ -30,9 +30,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from narwhal.core.config import EngineSettings
+from narwhal.core.decode_events import stream_events
 from narwhal.core.descriptor import prefill_kv_params
 from narwhal.core.errors import Fault, FaultKind, fault
-from narwhal.core.legs import LegFault, connect_fault, http_fault, read_prefill, stream_events
+from narwhal.core.legs import LegFault, connect_fault, http_fault, read_prefill
 from narwhal.core.ports import Clock, ConnectFailed, Reply, StreamOpened, TimedOut, Transport
 from narwhal.core.requests import COMPLETIONS, decode_body, parse_client_request, prefill_body
 from narwhal.core.retry import handoff_too_old

@@ -23,8 +23,9 @@ from typing import Any
 import anyio
 
 from narwhal.core.config import NarwhalConfig
+from narwhal.core.decode_events import stream_events
 from narwhal.core.errors import Fault, FaultKind, fault
-from narwhal.core.legs import LegFault, connect_fault, http_fault, stream_events
+from narwhal.core.legs import LegFault, connect_fault, http_fault
 from narwhal.core.policies import Policies
 from narwhal.core.ports import ConnectFailed, Ports, StreamOpened, TimedOut
 from narwhal.core.probe import contract_problems, probe_request
