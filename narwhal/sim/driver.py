@@ -16,15 +16,18 @@ bytes) with :meth:`Wait.fire`; whichever of result and deadline comes first wins
 ignored. A task is thus a light SimPy process: it costs no event of its own per resume, which is
 what keeps the simulation at one event per engine iteration rather than one per token.
 
-Stream deadlines use one lazy timer per stream: the timer fires at the earliest deadline set;
-if the router has meanwhile moved its deadline later (a chunk arrived), the timer re-arms at
-the new deadline instead of firing, so a long healthy stream costs a handful of timer events.
+Deadlines share one SimPy timer (:class:`Deadlines`): a heap of pending deadlines, the timer
+armed at the earliest one still pending. Most deadlines are never reached (the call returns, the
+chunk arrives), so they cost a heap entry, not a SimPy event. A stream's deadline is lazy as
+well: when the entry comes due and the router has meanwhile moved its deadline later (a chunk
+arrived), the stream gets a new entry at the new deadline instead of firing.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from typing import Any, Protocol
 
 import simpy
 
@@ -113,6 +116,62 @@ class Wait:
             self.task.resume(value)
 
 
+# ---------------------------------------------------------------- deadlines
+
+
+class Deadline(Protocol):
+    """Something waiting for a deadline (a call, a stream read)."""
+
+    def pending(self, at: float) -> bool:
+        """Whether the deadline ``at`` still matters (the wait it bounds is not over)."""
+        ...
+
+    def expire(self, at: float) -> None:
+        """The deadline ``at`` is reached."""
+        ...
+
+
+class Deadlines:
+    """Pending deadlines on one SimPy timer, armed at the earliest still pending one.
+
+    Deadlines that are due together expire in the order they were added; one that stopped
+    mattering is dropped when it reaches the head of the heap.
+    """
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.heap: list[tuple[float, int, Deadline]] = []
+        self.added = 0
+        self.timer: simpy.Event | None = None
+        self.timer_at = float("inf")
+
+    def add(self, at: float, deadline: Deadline) -> None:
+        heapq.heappush(self.heap, (at, self.added, deadline))
+        self.added += 1
+        if at < self.timer_at:
+            self._arm(at)
+
+    def _arm(self, at: float) -> None:
+        self.timer_at = at
+        timer = self.env.timeout(at - self.env.now)
+        timer.callbacks.append(self._on_timer)
+        self.timer = timer
+
+    def _on_timer(self, event: simpy.Event) -> None:
+        if event is not self.timer:
+            return  # superseded by an earlier deadline armed after it
+        self.timer, self.timer_at = None, float("inf")
+        heap, now = self.heap, self.env.now
+        while heap and heap[0][0] <= now:
+            at, _, deadline = heapq.heappop(heap)
+            if deadline.pending(at):
+                deadline.expire(at)
+        while heap and not heap[0][2].pending(heap[0][0]):
+            heapq.heappop(heap)
+        if heap and heap[0][0] < self.timer_at:
+            self._arm(heap[0][0])
+
+
 # ---------------------------------------------------------------- Clock
 
 
@@ -148,6 +207,40 @@ class SimClock:
 # ---------------------------------------------------------------- Transport
 
 
+class _CallDeadline:
+    """A pending engine call's deadline: the router hangs up and the engine drops the request."""
+
+    __slots__ = ("engine", "seq", "wait")
+
+    def __init__(self, engine: SimEngine, seq: Seq, wait: Wait) -> None:
+        self.engine = engine
+        self.seq = seq
+        self.wait = wait
+
+    def pending(self, at: float) -> bool:
+        return not self.wait.done
+
+    def expire(self, at: float) -> None:
+        self.engine.abort(self.seq)
+        self.wait.fire(_TIMED_OUT)
+
+
+class _StreamDeadline:
+    """A stream read's deadline (lazy: re-added at the router's later deadline if it moved)."""
+
+    __slots__ = ("stream", "transport")
+
+    def __init__(self, transport: SimTransport, stream: SimStream) -> None:
+        self.transport = transport
+        self.stream = stream
+
+    def pending(self, at: float) -> bool:
+        return self.stream.timer_at == at
+
+    def expire(self, at: float) -> None:
+        self.transport.on_deadline(self.stream)
+
+
 class _CallOp(Op):
     __slots__ = ("args", "deadline", "engine", "transport")
 
@@ -168,14 +261,7 @@ class _CallOp(Op):
         result = self.engine.call(method, path, body, headers, wait)
         if not isinstance(result, Seq):
             return result
-        engine = self.engine
-
-        def expire(_event: Any) -> None:
-            if not wait.done:
-                engine.abort(result)  # the router hung up: the engine drops the request
-                wait.fire(_TIMED_OUT)
-
-        env.timeout(self.deadline - env.now).callbacks.append(expire)
+        self.transport.deadlines.add(self.deadline, _CallDeadline(self.engine, result, wait))
         return PENDING
 
 
@@ -205,6 +291,7 @@ class SimTransport:
     def __init__(self, env: simpy.Environment, engines: dict[str, SimEngine]) -> None:
         self.env = env
         self.engines = engines
+        self.deadlines = Deadlines(env)
 
     def call(
         self,
@@ -249,14 +336,12 @@ class SimTransport:
             engine.release_handoff(descriptor)
 
     def arm(self, stream: SimStream, at: float) -> None:
-        """(Re)arm the stream's deadline timer to fire at ``at``."""
+        """(Re)arm the stream's deadline to come due at ``at`` (an earlier one supersedes)."""
         stream.timer_at = at
-        timer = self.env.timeout(at - self.env.now)
-        timer.callbacks.append(lambda _event: self._on_timer(stream, at))
+        self.deadlines.add(at, _StreamDeadline(self, stream))
 
-    def _on_timer(self, stream: SimStream, at: float) -> None:
-        if stream.timer_at != at:
-            return  # superseded by an earlier timer
+    def on_deadline(self, stream: SimStream) -> None:
+        """The stream's armed deadline came due: time out its read, or re-arm if it moved."""
         stream.timer_at = -1.0
         wait = stream.waiter
         if wait is None:
