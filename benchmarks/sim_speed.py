@@ -10,13 +10,21 @@ compressed in time), the decision log disabled (``DecisionLog(enabled=False)``).
 
 ``--stream-interval`` is the engines' tokens per streamed chunk (vLLM's ``--stream-interval``);
 every chunk goes through the core's real SSE parser, so it sets the per-token cost. ``--sweep``
-runs 1, 4, 16 and 64 tokens per chunk and draws ``docs/figures/sim-speed.png``.
+runs 1, 4, 16 and 64 tokens per chunk, saves the figures under ``benchmarks/results`` and draws
+``docs/figures/sim-speed.png`` from the newest sweep of each build.
+
+The build is whichever ``narwhal`` the interpreter imports: ``.venv`` (editable, pure Python)
+or ``.venv-compiled`` (``scripts/build_compiled.sh``: the hot modules compiled with mypyc):
+
+    bash scripts/build_compiled.sh
+    .venv-compiled/bin/python benchmarks/sim_speed.py [--sweep]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import json
 import pstats
 import time
@@ -30,6 +38,7 @@ from narwhal.sim.runner import run
 from narwhal.sim.scenario import Scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
 PUBLISHED = (160.0, 670.0)  # simulated requests per second of published simulators (FACTS.md 6)
 TARGET = 5000.0
 
@@ -104,6 +113,12 @@ def scenario_for(
     return parse_scenario(parse_toml(text, "sim_speed", ValueError), "sim_speed")
 
 
+def build() -> str:
+    """Which build of narwhal this interpreter runs: "compiled" (mypyc) or "pure"."""
+    engine = importlib.import_module("narwhal.sim.engine")
+    return "compiled" if str(engine.__file__).endswith(".so") else "pure"
+
+
 def machine_reference_us() -> float:
     """This machine's speed right now: ``sum(range(1000))`` in microseconds."""
     return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
@@ -144,7 +159,8 @@ def measure(scenario: Scenario, profile: bool = False) -> dict[str, Any]:
 
 def report(row: dict[str, Any], stream_interval: int, block_size: int) -> None:
     print(
-        f"{row['requests']} requests ({row['ok']} ok, {row['ejections']} ejections, "
+        f"[{build()} build] {row['requests']} requests ({row['ok']} ok, "
+        f"{row['ejections']} ejections, "
         f"{row['fault_windows']} fault windows) over {row['simulated_s']:.0f} simulated s, "
         f"stream_interval {stream_interval}, block_size {block_size}"
     )
@@ -159,24 +175,52 @@ def report(row: dict[str, Any], stream_interval: int, block_size: int) -> None:
     print(f"cpu  {row['cpu_s']:.2f} s -> {row['per_cpu_s']:,.0f} simulated requests per CPU second")
 
 
-def draw(rows: list[dict[str, Any]], reference_us: float, path: Path) -> None:
+def newest_sweeps() -> dict[str, dict[str, Any]]:
+    """The newest saved sweep of each build (older files have no build: pure Python)."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(RESULTS.glob("sim-speed-*.json")):
+        data = json.loads(path.read_text())
+        found[data.get("build", "pure")] = data
+    return found
+
+
+def draw(sweeps: dict[str, dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    labels = [str(r["stream_interval"]) for r in rows]
-    values = [r["per_cpu_s"] for r in rows]
-    bars = ax.bar(labels, values, color="#3b6ea8", width=0.6, label="Narwhal's simulator", zorder=2)
-    for bar, value in zip(bars, values, strict=True):
-        ax.annotate(
-            f"{value:,.0f}",
-            (bar.get_x() + bar.get_width() / 2, value),
-            ha="center",
-            va="bottom",
-            fontsize=9,
+    styles = {
+        "pure": ("pure Python (.venv)", "#9db7d5"),
+        "compiled": ("compiled, mypyc (.venv-compiled)", "#3b6ea8"),
+    }
+    present = [b for b in styles if b in sweeps]
+    width = 0.8 / len(present)
+    labels = [str(r["stream_interval"]) for r in sweeps[present[0]]["rows"]]
+    for k, name in enumerate(present):
+        rows = sweeps[name]["rows"]
+        xs = [i - 0.4 + width * (k + 0.5) for i in range(len(rows))]
+        values = [r["per_cpu_s"] for r in rows]
+        label, color = styles[name]
+        ref = sweeps[name]["reference_us"]
+        bars = ax.bar(
+            xs,
+            values,
+            width=width * 0.95,
+            color=color,
+            zorder=2,
+            label=f"{label}, reference {ref:.1f} us",
         )
+        for bar, value in zip(bars, values, strict=True):
+            ax.annotate(
+                f"{value:,.0f}",
+                (bar.get_x() + bar.get_width() / 2, value),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+    ax.set_xticks(range(len(labels)), labels)
     ax.axhline(TARGET, color="#c0392b", linestyle="--", linewidth=1.2, label="target (5,000)")
     ax.axhspan(
         *PUBLISHED, color="#999999", alpha=0.3, label="published simulators (160-670)", zorder=0
@@ -184,7 +228,7 @@ def draw(rows: list[dict[str, Any]], reference_us: float, path: Path) -> None:
     ax.set_xlabel("tokens per streamed chunk (vLLM --stream-interval)")
     ax.set_ylabel("simulated requests per CPU second")
     ax.set_ylim(0, TARGET * 1.15)
-    n = rows[0]["requests"]
+    n = sweeps[present[0]]["rows"][0]["requests"]
     ax.set_title(
         f"{n:,} requests of the Azure conversation trace, 16 engines with faults, one core",
         fontsize=10,
@@ -193,8 +237,7 @@ def draw(rows: list[dict[str, Any]], reference_us: float, path: Path) -> None:
     fig.text(
         0.99,
         0.01,
-        f"benchmarks/sim_speed.py --sweep; machine reference sum(range(1000)) = "
-        f"{reference_us:.1f} us",
+        "benchmarks/sim_speed.py --sweep (per build); machine reference: sum(range(1000))",
         ha="right",
         fontsize=7,
         color="#555555",
@@ -215,10 +258,11 @@ def sweep(requests: int, rate_scale: float, figure: Path) -> None:
         rows.append(row)
     reference = machine_reference_us()
     print(f"machine reference: sum(range(1000)) takes {reference:.1f} us")
-    draw(rows, reference, figure)
-    out = REPO / "benchmarks" / "results" / f"sim-speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = RESULTS / f"sim-speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"reference_us": reference, "rows": rows}, indent=1) + "\n")
+    data = {"build": build(), "reference_us": reference, "rows": rows}
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    draw(newest_sweeps(), figure)
     print(f"figure: {figure}\nresults: {out}")
 
 
