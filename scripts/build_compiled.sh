@@ -6,12 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=$(realpath -m "${NARWHAL_COMPILED_VENV:-.venv-compiled}")
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q 'setuptools>=68' wheel 'mypy>=1.10,<2'
-"$VENV/bin/pip" install -q '.[dev]'  # the dependencies (and a pure build, replaced next)
+LOG="$VENV.log"  # the build's own chatter (setuptools warnings, compiler lines) goes here
+quietly() { "$@" >>"$LOG" 2>&1 || { tail -n 40 "$LOG"; echo "failed: $* (log: $LOG)"; exit 1; }; }
+: >"$LOG"
+[ -x "$VENV/bin/python" ] || quietly "$PY" -m venv "$VENV"
+quietly "$VENV/bin/pip" install --upgrade pip
+quietly "$VENV/bin/pip" install 'setuptools>=68' wheel 'mypy>=1.10,<2'
+quietly "$VENV/bin/pip" install '.[dev]'  # the dependencies (and a pure build, replaced next)
 rm -rf build  # setuptools reuses stale objects from build/ otherwise
-NARWHAL_COMPILE=1 "$VENV/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps .
+NARWHAL_COMPILE=1 quietly "$VENV/bin/pip" install --no-build-isolation --force-reinstall --no-deps .
 # from / so that the checkout's sources are not on sys.path
 (cd / && "$VENV/bin/python" - <<'PY'
 import narwhal.sim.engine as engine

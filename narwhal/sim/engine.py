@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -212,6 +213,16 @@ def _chunk_body(n: int, final: bool, chat: bool) -> bytes:
     if final:
         return b"x" * n + b'","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
     return b"x" * n + b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+
+
+_NOT_PLAIN = re.compile(r"[^A-Za-z0-9._:/+-]")
+
+
+def _json_value(value: Any) -> str:
+    """``json.dumps(value)``; a plain string (ids, model names: 5 per request) skips the encoder."""
+    if isinstance(value, str) and not _NOT_PLAIN.search(value):
+        return f'"{value}"'
+    return json.dumps(value)
 
 
 def _json_error(status: int, message: str, kind: str) -> bytes:
@@ -433,7 +444,7 @@ class SimEngine:
         seq = Seq(self._sid, rid, prompt, int(out))
         chat = path == "/v1/chat/completions"
         seq.chat = chat
-        model = json.dumps(body.get("model", self.params.model))
+        model = _json_value(body.get("model", self.params.model))
         if chat:
             seq.head = (
                 f'data: {{"id":"chatcmpl-{rid}","object":"chat.completion.chunk",'
@@ -678,13 +689,13 @@ class SimEngine:
         p = seq.prompt
         # vLLM's completion body, written directly (json.dumps of the same dict is the slow path)
         body = (
-            f'{{"id":{json.dumps("cmpl-" + seq.rid)},"object":"text_completion",'
-            f'"created":{CREATED},"model":{json.dumps(self.params.model)},"choices":[{{'
+            f'{{"id":{_json_value("cmpl-" + seq.rid)},"object":"text_completion",'
+            f'"created":{CREATED},"model":{_json_value(self.params.model)},"choices":[{{'
             f'"index":0,"text":"x","logprobs":null,"finish_reason":"length","stop_reason":null,'
             f'"prompt_logprobs":null}}],"usage":{{"prompt_tokens":{p},"total_tokens":{p + 1},'
             f'"completion_tokens":1}},"kv_transfer_params":{{"do_remote_prefill":true,'
             f'"do_remote_decode":false,"remote_block_ids":[[{ids}]],'
-            f'"remote_engine_id":"{engine_id}","remote_request_id":{json.dumps(rid)},'
+            f'"remote_engine_id":"{engine_id}","remote_request_id":{_json_value(rid)},'
             f'"remote_host":"{self.side_host}","remote_port":{self.side_port},"tp_size":1,'
             f'"dcp_size":1,"pp_size":1,"remote_num_tokens":{p},'
             f'"remote_blocks_expiry_time":null,"transfer_mode":"pull",'

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 import simpy
+from hypothesis import given
+from hypothesis import strategies as st
 
 from narwhal.core.descriptor import validate_descriptor
 from narwhal.core.ports import Burst, Reply, StreamOpened
 from narwhal.core.sse import EventKind, SseParser
 from narwhal.sim.driver import SimClock, SimTransport, start
-from narwhal.sim.engine import ERROR_500, EngineParams, SimEngine
+from narwhal.sim.engine import ERROR_500, EngineParams, SimEngine, _json_value
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.timing import step_model
 
@@ -222,3 +224,14 @@ def test_a_prompt_that_can_never_fit_the_kv_cache_is_refused_with_400() -> None:
     assert isinstance(too_long, Reply) and too_long.status == 400
     assert "maximum context length is 111 tokens" in json.loads(too_long.body)["error"]["message"]
     assert not engine.seqs and engine.free_blocks == 8 - 7  # the handoff holds its 7 blocks
+
+
+@given(
+    st.text()
+    | st.text(alphabet='ab-_/:."\\\n\t é')  # near-plain, with what JSON must escape
+    | st.from_regex(r"[A-Za-z0-9._:/+-]*", fullmatch=True)
+    | st.none()
+    | st.integers()
+)
+def test_engine_json_values_are_exactly_json_dumps(value: object) -> None:
+    assert _json_value(value) == json.dumps(value)
