@@ -25,7 +25,6 @@ attempts, the deadline and the retry budget allow; otherwise the client gets the
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from narwhal.core.assemble import ResponseAssembler
@@ -52,7 +51,7 @@ from narwhal.core.ports import (
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import ClientRequest, decode_body, prefill_body
 from narwhal.core.retry import Deadline, handoff_too_old
-from narwhal.core.sse import EventKind
+from narwhal.core.sse import EventKind, encode_data_event
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 CLIENT_GONE_STATUS = 499  # nginx's convention for "client closed request"
@@ -66,7 +65,7 @@ def _status_headers(failure: Fault, retry_after_s: float) -> dict[str, str]:
 
 def terminal_event(failure: Fault) -> bytes:
     """The one SSE event that ends a committed stream after a failure."""
-    return b"data: " + json.dumps(failure.error_body()).encode() + b"\n\n"
+    return encode_data_event(failure.error_body())
 
 
 class _Lifecycle:

@@ -106,6 +106,11 @@ class SseEvent:
         return "".join(f"data: {line}\n" for line in lines).encode("utf-8") + b"\n"
 
 
+def encode_data_event(payload: dict[str, Any]) -> bytes:
+    """``payload`` as one SSE event on the wire: ``data: <JSON>`` and a blank line."""
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
 # ---------------------------------------------------------------- classification
 
 

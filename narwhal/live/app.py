@@ -42,6 +42,7 @@ from narwhal.core.ports import Ports, Reply
 from narwhal.core.probe import maintenance_loop
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import CHAT, COMPLETIONS, BadRequest, parse_client_request
+from narwhal.core.sse import encode_data_event
 from narwhal.live.clock import AnyioClock, to_wall
 from narwhal.live.metrics import ObservedLog, RouterMetrics, status_document
 from narwhal.live.sink import AsgiSink, run_with_disconnect
@@ -313,7 +314,7 @@ async def _answer_shutdown(sink: AsgiSink, send: Send) -> None:
         if not sink.started:
             await sink.respond(503, error, {"retry-after": "1"})
             return
-        event = b"data: " + json.dumps(error).encode() + b"\n\n"
+        event = encode_data_event(error)
         await send({"type": "http.response.body", "body": event, "more_body": False})
 
 

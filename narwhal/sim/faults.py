@@ -39,6 +39,7 @@ from typing import Literal, get_args
 import simpy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from narwhal.sim import engine
 from narwhal.sim.engine import SimEngine
 
 FaultKindName = Literal[
@@ -57,7 +58,7 @@ FaultKindName = Literal[
 ]
 ENGINE_FAULTS = frozenset({"crash", "hang", "slow"})  # switch the whole engine
 REQUEST_FAULTS = frozenset(get_args(FaultKindName)) - ENGINE_FAULTS  # act per request
-STREAM_FAULTS = frozenset({"stall", "early_done", "inband_error", "disconnect"})  # decode streams
+STREAM_FAULTS = frozenset(engine.STREAM_FAULTS)  # act on decode streams (the engine's list)
 PRODUCER_FAULTS = frozenset({"release_handoff", "bad_descriptor"})  # prefill replies
 # the roles whose engines can act a kind out (a prefill-only engine serves no stream, ...)
 _ABLE = {"prefill": ("prefill", "both"), "decode": ("decode", "both")}
