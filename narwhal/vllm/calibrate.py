@@ -623,7 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--producer", required=True, help="producer base URL")
     parser.add_argument("--consumer", required=True, help="consumer base URL")
     parser.add_argument("--model", default=MODEL_NAME)
-    from narwhal.vllm.commands import int_list  # the same checks as `narwhal calibrate`
+    from narwhal.vllm.commands import counts_problem, int_list  # `narwhal calibrate`'s checks
 
     parser.add_argument("--lengths", type=int_list, default=list(DEFAULT_LENGTHS))
     parser.add_argument("--repeats", type=int, default=5)
@@ -631,8 +631,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the samples and fit as JSON")
     args = parser.parse_args(argv)
     lengths = args.lengths
-    if args.repeats < 1 or args.tokens < 8:
-        parser.error("--repeats must be >= 1 and --tokens >= 8")
+    problem = counts_problem(args.repeats, args.tokens)
+    if problem is not None:
+        parser.error(problem)
     try:
         result = calibrate(
             args.producer.rstrip("/"),

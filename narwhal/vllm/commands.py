@@ -27,6 +27,13 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def counts_problem(repeats: int, tokens: int) -> str | None:
+    """What is wrong with a calibration's ``--repeats`` and ``--tokens`` (None: nothing)."""
+    if repeats < 1 or tokens < 8:
+        return "--repeats must be >= 1 and --tokens >= 8"
+    return None
+
+
 def _writable(path: Path | None) -> str | None:
     """Why ``path`` cannot be written after the measuring (None: it can)."""
     if path is None:
@@ -94,8 +101,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
         engine_report,
     )
 
-    if args.repeats < 1 or args.tokens < 8:
-        print("calibrate: --repeats must be >= 1 and --tokens >= 8", file=sys.stderr)
+    problem = counts_problem(args.repeats, args.tokens)
+    if problem is not None:
+        print(f"calibrate: {problem}", file=sys.stderr)
         return 2
     for flag, path in (("--out", args.out), ("--json", args.json)):
         problem = _writable(path)

@@ -26,6 +26,7 @@ from narwhal.vllm.calibrate import (
     steady_step_s,
     time_batch,
 )
+from narwhal.vllm.calibrate import main as calibrate_pair
 from tests.live.conftest import Servers, start_emulator
 
 D, S, A, OVH, K, SETUP = 0.005, 0.0004, 0.0003, 0.02, 0.00002, 0.06
@@ -153,3 +154,17 @@ def test_an_unwritable_output_is_refused_before_any_measuring(
     assert main(["calibrate", "--engine", "http://127.0.0.1:9", "--out", str(missing)]) == 2
     assert f"--out: no such directory: {missing.parent}" in capsys.readouterr().err
     assert main(["calibrate", "--engine", "http://127.0.0.1:9", "--json", str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize("counts", [["--repeats", "0"], ["--tokens", "7"]])
+def test_too_few_repeats_or_tokens_are_refused_by_both_calibrate_commands(
+    counts: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the engines are unreachable: measuring would end in exit 1, refusing first gives 2
+    assert main(["calibrate", "--engine", "http://127.0.0.1:9", *counts]) == 2
+    assert "--repeats must be >= 1 and --tokens >= 8" in capsys.readouterr().err
+    pair = ["--producer", "http://127.0.0.1:9", "--consumer", "http://127.0.0.1:9", *counts]
+    with pytest.raises(SystemExit) as exit_info:
+        calibrate_pair(pair)
+    assert exit_info.value.code == 2
+    assert "--repeats must be >= 1 and --tokens >= 8" in capsys.readouterr().err
