@@ -22,6 +22,12 @@ or ``.venv-compiled`` (``scripts/build_compiled.sh``: the hot modules compiled w
 
 from __future__ import annotations
 
+import os
+
+# One core: numpy (the step-time fit, before the timed run) must not leave OpenBLAS worker
+# threads spinning beside the simulation. Set before anything imports numpy.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import cProfile
 import importlib

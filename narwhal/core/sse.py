@@ -106,6 +106,10 @@ class SseEvent:
         return "".join(f"data: {line}\n" for line in lines).encode("utf-8") + b"\n"
 
 
+_DONE_WIRE = b"data: [DONE]\n\n"
+_DONE_EVENT = SseEvent(EventKind.DONE, _DONE, encoded=_DONE_WIRE)
+
+
 def encode_data_event(payload: dict[str, Any]) -> bytes:
     """``payload`` as one SSE event on the wire: ``data: <JSON>`` and a blank line."""
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
@@ -127,6 +131,8 @@ def classify(data: str, encoded: bytes | None = None) -> SseEvent:
         if end != len(data):
             return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
     else:
+        if data == _DONE and (encoded is None or encoded == _DONE_WIRE):
+            return _DONE_EVENT  # every stream's last event: one value serves them all
         if data == _DONE or data.strip() == _DONE:
             return SseEvent(EventKind.DONE, data, encoded=encoded)
         try:

@@ -83,15 +83,20 @@ class Task:
     def __init__(
         self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any], None] | None = None
     ) -> None:
-        self.coro = coro
+        self.coro: Coroutine[Any, Any, Any] | None = coro
         self.on_done = on_done
 
     def resume(self, value: Any = None) -> None:
         coro = self.coro
+        if coro is None:
+            raise RuntimeError("resumed a task that has finished")
         while True:
             try:
                 op = coro.send(value)
             except StopIteration as stop:
+                # Let go of the finished coroutine now: a compiled one keeps its locals (the
+                # whole request) until freed, and stale deadlines still point at this task.
+                self.coro = None
                 if self.on_done is not None:
                     self.on_done(stop.value)
                 return

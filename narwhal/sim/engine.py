@@ -16,6 +16,8 @@ Theory of operation (one engine iteration = one ``env.timeout``):
   needs a new block each ``block_size`` tokens; when none is free the most recently started
   decode is preempted (vLLM's recompute preemption): its blocks are freed and it goes back to
   the head of the queue to re-prefill its prompt plus the tokens it already generated.
+- One engine iteration is one SimPy timeout whose callback applies the step and plans the
+  next (a chain of events, not a process: nothing to resume in between).
 - Step time is a :class:`~narwhal.sim.timing.StepTiming` (the fitted
   :class:`~narwhal.sim.timing.StepModel`, or the emulator's linear model) plus the per-step
   overhead, times the slow-down factor and a seeded jitter.
@@ -225,6 +227,18 @@ def _json_value(value: Any) -> str:
     return json.dumps(value)
 
 
+_ID_TEXT: list[str] = []  # str(i) for block ids 0, 1, ...: shared by every engine
+_ID_TEXT_MAX = 1 << 20  # beyond this many blocks an engine formats its ids as it goes
+
+
+def _block_id_texts(num_blocks: int) -> list[str]:
+    """The decimal text of every block id below ``num_blocks`` (looking up a prefill reply's
+    ids is about 4x faster than formatting them, and they are most of its bytes)."""
+    if len(_ID_TEXT) < num_blocks:
+        _ID_TEXT.extend(map(str, range(len(_ID_TEXT), num_blocks)))
+    return _ID_TEXT
+
+
 def _json_error(status: int, message: str, kind: str) -> bytes:
     return json.dumps(
         {"error": {"message": message, "type": kind, "param": None, "code": status}}
@@ -259,6 +273,9 @@ class SimEngine:
         self.side_host = f"10.0.{index // 250}.{index % 250 + 1}"
         self.side_port = 5600
         self.bs = params.block_size
+        self.id_text = (
+            _block_id_texts(params.num_blocks) if params.num_blocks <= _ID_TEXT_MAX else []
+        )
         self.watermark = max(1, params.num_blocks // 100)
         # fault switches
         self.down = False
@@ -277,8 +294,11 @@ class SimEngine:
         self._generation = 0
         self.engine_id = ""
         self._reset_state()
-        self._idle: simpy.Event | None = None
-        self.process = env.process(self._loop())
+        self._asleep = True  # no step scheduled: the next _kick wakes the engine
+        self._waking = False  # a wake-up is scheduled (at the current time)
+        # the step in flight (one at a time): its number, prefill chunks, duration, generation
+        self._step: tuple[int, list[tuple[Seq, int]], float, int] = (0, [], 0.0, 0)
+        self._step_end = self._end_step  # the bound method, made once
 
     # ------------------------------------------------------------------ state
 
@@ -328,9 +348,13 @@ class SimEngine:
         }
 
     def _kick(self) -> None:
-        idle = self._idle
-        if idle is not None and not idle.triggered:
-            idle.succeed()
+        """Wake an idle engine: its next step is planned by an event at the current time, after
+        whatever is running now has finished (so work arriving together is batched together)."""
+        if self._asleep and not self._waking:
+            self._waking = True
+            wake = self.env.event()
+            wake.callbacks.append(self._on_wake)
+            wake.succeed()
 
     # ------------------------------------------------------------------ HTTP surface
 
@@ -685,7 +709,8 @@ class SimEngine:
             self.handoffs[rid] = _Handoff(blocks, expires)
             self.handoff_order.append((expires, rid))
         engine_id = "" if self.has_fault("bad_descriptor") else self.engine_id
-        ids = ",".join(map(str, blocks))
+        text = self.id_text
+        ids = ",".join([text[b] for b in blocks] if text else map(str, blocks))
         p = seq.prompt
         # vLLM's completion body, written directly (json.dumps of the same dict is the slow path)
         body = (
@@ -873,29 +898,35 @@ class SimEngine:
         for resumer, value in replies:
             resumer.fire(value)
 
-    def _loop(self) -> Any:
-        env = self.env
-        while True:
-            if self.down or self.hung:
-                self._idle = env.event()
-                yield self._idle
-                continue
-            step = self.it
-            plan = self._plan(step)
-            if plan is None:
-                self._idle = env.event()
-                yield self._idle
-                continue
-            dt, chunks = plan
-            generation = self._generation
-            self.in_step = True
-            yield env.timeout(dt)
-            self.in_step = False
-            if generation != self._generation:
-                continue  # crashed during the step
+    def _on_wake(self, _event: simpy.Event) -> None:
+        self._waking = False
+        self._next_step()
+
+    def _next_step(self) -> None:
+        """Plan the next step and schedule its end, or fall asleep until :meth:`_kick`.
+
+        The scheduler is a chain of SimPy timeouts, one per step, each ending in
+        :meth:`_end_step`, rather than a SimPy process: the same events at the same times,
+        without resuming a generator for each.
+        """
+        self._asleep = False  # planning may free blocks, which kicks: nothing to wake
+        plan = None if self.down or self.hung else self._plan(self.it)
+        if plan is None:
+            self._asleep = True
+            return
+        dt, chunks = plan
+        self._step = (self.it, chunks, dt, self._generation)
+        self.in_step = True
+        self.env.timeout(dt).callbacks.append(self._step_end)
+
+    def _end_step(self, _event: simpy.Event) -> None:
+        step, chunks, dt, generation = self._step
+        self.in_step = False
+        if generation == self._generation:  # else it crashed during the step
             self.steps += 1
             self.busy_s += dt
             self._apply(step, chunks)
+        self._next_step()
 
     # ------------------------------------------------------------------ faults
 

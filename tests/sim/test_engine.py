@@ -66,8 +66,10 @@ def read_stream(
     start(env, reader())
 
 
-def test_prefill_reply_is_vllm_shaped_with_a_valid_descriptor() -> None:
-    env, engine, transport = make()
+# the ids of an engine with up to 2**20 blocks are looked up as text; a bigger one formats them
+@pytest.mark.parametrize("num_blocks", [50_000, (1 << 20) + 1])
+def test_prefill_reply_is_vllm_shaped_with_a_valid_descriptor(num_blocks: int) -> None:
+    env, engine, transport = make(num_blocks=num_blocks)
     replies: list[Any] = []
 
     async def call() -> None:
@@ -87,6 +89,9 @@ def test_prefill_reply_is_vllm_shaped_with_a_valid_descriptor() -> None:
     assert params["remote_engine_id"] == engine.engine_id
     assert len(params["remote_block_ids"][0]) == 19  # ceil(301 / 16)
     assert len(engine.handoffs) == 1  # held until pulled, released or expired
+    (handoff,) = engine.handoffs.values()
+    assert params["remote_block_ids"] == [handoff.blocks]  # the very blocks it holds
+    assert sorted(handoff.blocks) == list(range(19))  # the first blocks allocated
 
 
 def test_chunked_prefill_respects_the_token_budget_fcfs() -> None:
@@ -156,6 +161,36 @@ def test_one_event_per_engine_step() -> None:
     assert engine.tokens_out == 2000
     # 2000 tokens streamed through the router-side reader, yet events ~ steps (+ idle wakes)
     assert events <= engine.steps + 45
+
+
+def test_an_engine_runs_one_step_at_a_time_when_planning_frees_blocks() -> None:
+    # A stream waits for the KV blocks a handoff holds; the next arrival wakes the engine, whose
+    # planning expires the handoff and frees them. Freeing blocks wakes an idle engine, so this
+    # must not start a second chain of steps beside the one being planned.
+    env, engine, transport = make(num_blocks=40, block_size=16, kv_lease_s=0.5)
+    out_b: dict[str, Any] = {}
+    out_c: dict[str, Any] = {}
+
+    async def handoff() -> None:
+        await transport.call(URL, "POST", "/v1/completions", prefill_body(399), {}, 9.0)
+
+    async def later(seconds: float, out: dict[str, Any]) -> None:
+        await SimClock(env).sleep(seconds)
+        read_stream(env, transport, {"prompt": "x" * 399, "max_tokens": 200, "stream": True}, out)
+
+    start(env, handoff())
+    start(env, later(0.1, out_b))  # needs the handoff's blocks: waits
+    start(env, later(1.0, out_c))  # wakes the engine after the lease ran out
+    steps_at: list[float] = []
+    while env.peek() != float("inf") and env.now < 20.0:
+        before = engine.steps
+        env.step()
+        if engine.steps != before:
+            steps_at.append(env.now)
+    assert out_b["tokens"] == 200 and out_c["tokens"] == 200
+    assert engine.busy_s <= env.now  # steps never overlap
+    # every step ends at its own time: a second chain would end steps between the first's
+    assert len(steps_at) == len(set(steps_at)) == engine.steps
 
 
 def test_stream_interval_coalesces_tokens() -> None:
