@@ -281,9 +281,6 @@ def _check_identity(params: dict[str, Any], connector: str) -> None:
         ) from None
 
 
-_INT_ONLY = {int}
-
-
 def _bad_block(path: str, value: object, wanted: str) -> DescriptorError:
     return DescriptorError(
         DescriptorReason.MALFORMED_BLOCK_IDS, f"{path} must be {wanted}, got {_describe(value)}"
@@ -291,9 +288,12 @@ def _bad_block(path: str, value: object, wanted: str) -> DescriptorError:
 
 
 def _check_flat_ids(ids: list[Any], path: str) -> None:
-    if not ids or (set(map(type, ids)) == _INT_ONLY and min(ids) >= 0):
-        return  # the usual case, checked in C; anything else is looked at item by item
-    for i, item in enumerate(ids):
+    for item in ids:  # the usual case: plain non-negative ints (a tight loop when compiled)
+        if type(item) is not int or item < 0:
+            break
+    else:
+        return
+    for i, item in enumerate(ids):  # find and name the first bad one
         if not _is_int(item) or item < 0:
             raise _bad_block(f"{path}[{i}]", item, "a non-negative int")
 

@@ -245,6 +245,15 @@ def _json_error(status: int, message: str, kind: str) -> bytes:
     ).encode()
 
 
+def _due(table: dict[int, list[tuple[Seq, int]]], step: int, seq: Seq) -> None:
+    """Put ``seq`` (as it runs now) in ``table``'s bucket for ``step``."""
+    bucket = table.get(step)
+    if bucket is None:
+        table[step] = [(seq, seq.run)]
+    else:
+        bucket.append((seq, seq.run))
+
+
 class SimEngine:
     """One engine: its scheduler process, KV blocks, handoffs, streams and fault switches."""
 
@@ -570,18 +579,17 @@ class SimEngine:
         seq.c0 = c0 = seq.prompt + seq.gen
         self.decoding[seq] = None
         self.ctx_base += c0 - step
-        run = seq.run
         finish = step + remaining - 1
-        self.out_due.setdefault(finish, []).append((seq, run))
+        _due(self.out_due, finish, seq)
         if seq.emitted == 0 or seq.fault is not None:
             first = step  # the first token is sent at once; a faulty stream is checked per step
         else:
             first = min(finish, step + self.params.stream_interval - 1)
         if first < finish:
-            self.out_due.setdefault(first, []).append((seq, run))
+            _due(self.out_due, first, seq)
         due = step + len(seq.blocks) * self.bs - c0
         if due <= finish:
-            self.block_due.setdefault(max(due, step), []).append((seq, run))
+            _due(self.block_due, max(due, step), seq)
 
     def _leave_decode(self, seq: Seq) -> None:
         del self.decoding[seq]
@@ -608,19 +616,22 @@ class SimEngine:
         due = self.block_due.pop(step, None)
         if not due:
             return
-        needing = [seq for seq, run in due if seq.run == run]
-        while len(self.free_ids) < len(needing) and self.decoding:
-            victim = next(reversed(self.decoding))
-            self._preempt(victim, step)
-            needing = [seq for seq in needing if seq is not victim]
-        bs = self.bs
-        for seq in needing:
-            if not self.free_ids:  # pragma: no cover - preemption above freed enough
+        free, nxt = self.free_ids, step + self.bs
+        if len(free) < len(due):  # perhaps short of blocks (stale entries count here too)
+            needing = [seq for seq, run in due if seq.run == run]
+            while len(free) < len(needing) and self.decoding:
+                victim = next(reversed(self.decoding))
+                self._preempt(victim, step)
+                needing = [seq for seq in needing if seq is not victim]
+            due = [(seq, seq.run) for seq in needing]
+        for seq, run in due:
+            if seq.run != run:
+                continue
+            if not free:  # pragma: no cover - preemption above freed enough
                 break
-            seq.blocks.append(self.free_ids.pop())
-            nxt = step + bs
+            seq.blocks.append(free.pop())
             if nxt <= seq.j + seq.out - seq.gen - 1:
-                self.block_due.setdefault(nxt, []).append((seq, seq.run))
+                _due(self.block_due, nxt, seq)
 
     # ------------------------------------------------------------------ output
 
@@ -877,7 +888,7 @@ class SimEngine:
                     seq.gen = base  # while decoding, gen stays the count at the join step
                     nxt = step + 1 if seq.fault is not None else min(finish, step + interval)
                     if nxt < finish:
-                        self.out_due.setdefault(nxt, []).append((seq, run))
+                        _due(self.out_due, nxt, seq)
         self.it = step + 1
         self._flush(replies)
 
