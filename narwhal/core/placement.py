@@ -67,15 +67,30 @@ class Placement:
 
     def choose(self, phase: str, now: float, avoid: Collection[str] = ()) -> str | None:
         """The engine for ``phase``, or None when no engine of that role is eligible."""
-        candidates = self.candidates(phase, now)
-        preferred = [url for url in candidates if url not in avoid] or candidates
-        if not preferred:
+        # One pass (it runs for every leg): the least loaded eligible engines, in config order,
+        # kept apart for engines to avoid, which are chosen only when no other is eligible.
+        placeable, counts = self._breaker.placeable, self.counts
+        tied: list[str] = []
+        least = 0
+        tied_avoided: list[str] = []
+        least_avoided = 0
+        for url in self._serving[phase]:
+            if not placeable(url, now):
+                continue
+            load = counts[url][phase]
+            if url not in avoid:
+                if not tied or load < least:
+                    tied, least = [url], load
+                elif load == least:
+                    tied.append(url)
+            elif not tied_avoided or load < least_avoided:
+                tied_avoided, least_avoided = [url], load
+            elif load == least_avoided:
+                tied_avoided.append(url)
+        chosen = tied or tied_avoided
+        if not chosen:
             return None
-        counts = self.counts
-        loads = [counts[url][phase] for url in preferred]
-        least = min(loads)
-        tied = [url for url, load in zip(preferred, loads, strict=True) if load == least]
-        return tied[0] if len(tied) == 1 else self._rng.choice(tied)
+        return chosen[0] if len(chosen) == 1 else self._rng.choice(chosen)
 
     def reserve(self, url: str, phase: str, now: float, request_id: str) -> Reservation:
         self.counts[url][phase] += 1

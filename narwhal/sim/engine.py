@@ -282,6 +282,7 @@ class SimEngine:
         self.side_host = f"10.0.{index // 250}.{index % 250 + 1}"
         self.side_port = 5600
         self.bs = params.block_size
+        self.model_json = _json_value(params.model)  # in every reply and chunk
         self.id_text = (
             _block_id_texts(params.num_blocks) if params.num_blocks <= _ID_TEXT_MAX else []
         )
@@ -477,7 +478,8 @@ class SimEngine:
         seq = Seq(self._sid, rid, prompt, int(out))
         chat = path == "/v1/chat/completions"
         seq.chat = chat
-        model = _json_value(body.get("model", self.params.model))
+        model = body.get("model", self.params.model)
+        model = self.model_json if model == self.params.model else _json_value(model)
         if chat:
             seq.head = (
                 f'data: {{"id":"chatcmpl-{rid}","object":"chat.completion.chunk",'
@@ -726,7 +728,7 @@ class SimEngine:
         # vLLM's completion body, written directly (json.dumps of the same dict is the slow path)
         body = (
             f'{{"id":{_json_value("cmpl-" + seq.rid)},"object":"text_completion",'
-            f'"created":{CREATED},"model":{_json_value(self.params.model)},"choices":[{{'
+            f'"created":{CREATED},"model":{self.model_json},"choices":[{{'
             f'"index":0,"text":"x","logprobs":null,"finish_reason":"length","stop_reason":null,'
             f'"prompt_logprobs":null}}],"usage":{{"prompt_tokens":{p},"total_tokens":{p + 1},'
             f'"completion_tokens":1}},"kv_transfer_params":{{"do_remote_prefill":true,'

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from narwhal.core.breaker import Breaker
 from narwhal.core.config import RecoverySettings, Role
 from narwhal.core.placement import Placement
@@ -63,3 +66,38 @@ def test_avoid_engines_that_failed_this_request_while_another_is_eligible() -> N
     p, _ = placement()
     assert p.choose("decode", 0, avoid={"http://d0"}) == "http://b0"
     assert p.choose("decode", 0, avoid={"http://d0", "http://b0"}) in ("http://d0", "http://b0")
+    # every eligible engine avoided: the choice among them still breaks ties by the seed
+    everyone = {"http://d0", "http://b0"}
+    picks = {placement(seed)[0].choose("decode", 0, avoid=everyone) for seed in range(20)}
+    assert picks == everyone
+
+
+URLS = list(ROLES)
+
+
+@settings(derandomize=True, max_examples=300)
+@given(
+    phase=st.sampled_from(["prefill", "decode"]),
+    loads=st.lists(st.integers(0, 3), min_size=len(URLS), max_size=len(URLS)),
+    ejected=st.sets(st.sampled_from(URLS)),
+    avoid=st.sets(st.sampled_from(URLS)),
+    seed=st.integers(0, 2**16),
+)
+def test_choice_is_the_least_loaded_eligible_engine_preferring_those_not_avoided(
+    phase: str, loads: list[int], ejected: set[str], avoid: set[str], seed: int
+) -> None:
+    p, b = placement(seed)
+    for url, load in zip(URLS, loads, strict=True):
+        p.counts[url][phase] = load
+    for url in ejected:
+        b.on_failure(url, b.epoch(url), 0.0, phase=phase)  # eject_after=1: ejected
+    # the rule written out plainly, with an RNG of the same seed for ties
+    serves = {u for u, r in ROLES.items() if (r.produces if phase == "prefill" else r.consumes)}
+    eligible = [u for u in URLS if u not in ejected and u in serves]
+    preferred = [u for u in eligible if u not in avoid] or eligible
+    expected = None
+    if preferred:
+        least = min(p.counts[u][phase] for u in preferred)
+        tied = [u for u in preferred if p.counts[u][phase] == least]
+        expected = tied[0] if len(tied) == 1 else random.Random(seed).choice(tied)
+    assert p.choose(phase, 0.0, avoid) == expected
