@@ -239,6 +239,9 @@ def _block_id_texts(num_blocks: int) -> list[str]:
     return _ID_TEXT
 
 
+_PAD_32 = 1 << 32
+
+
 def _json_error(status: int, message: str, kind: str) -> bytes:
     return json.dumps(
         {"error": {"message": message, "type": kind, "param": None, "code": status}}
@@ -715,7 +718,7 @@ class SimEngine:
     def _reply_prefill(self, seq: Seq, replies: list[tuple[Resumer, object]]) -> None:
         blocks = seq.blocks
         seq.blocks = []
-        rid = f"cmpl-{seq.rid}-0-{self.rng.getrandbits(32):08x}"
+        rid = f"cmpl-{seq.rid}-0-" + hex(self.rng.getrandbits(32) | _PAD_32)[3:]  # :08x, faster
         release_now = self.has_fault("release_handoff")
         if not release_now:
             expires = self.env.now + self.params.kv_lease_s
