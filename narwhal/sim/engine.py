@@ -602,11 +602,11 @@ class SimEngine:
         seq.run += 1
         seq.state = "left"
 
-    def _preempt(self, seq: Seq, step: int) -> None:
+    def _preempt(self, seq: Seq, step: int, now: float) -> None:
         """vLLM's recompute preemption: free the blocks, re-prefill prompt + generated later."""
         seq.gen += step - seq.j
         self._leave_decode(seq)
-        self._emit(seq, final=False)
+        self._emit(seq, final=False, now=now)
         if seq.state != "left":  # a stream fault ended or stalled it meanwhile
             return
         self.preemptions += 1
@@ -617,7 +617,7 @@ class SimEngine:
         seq.state = "waiting"
         self.waiting.appendleft(seq)
 
-    def _grow_blocks(self, step: int) -> None:
+    def _grow_blocks(self, step: int, now: float) -> None:
         due = self.block_due.pop(step, None)
         if not due:
             return
@@ -626,7 +626,7 @@ class SimEngine:
             needing = [seq for seq, run in due if seq.run == run]
             while len(free) < len(needing) and self.decoding:
                 victim = next(reversed(self.decoding))
-                self._preempt(victim, step)
+                self._preempt(victim, step, now)
                 needing = [seq for seq in needing if seq is not victim]
             due = [(seq, seq.run) for seq in needing]
         for seq, run in due:
@@ -640,13 +640,16 @@ class SimEngine:
 
     # ------------------------------------------------------------------ output
 
-    def _emit(self, seq: Seq, *, final: bool) -> None:
-        """Send the tokens generated since the last chunk (and the end of stream if final)."""
+    def _emit(self, seq: Seq, *, final: bool, now: float) -> None:
+        """Send the tokens generated since the last chunk (and the end of stream if final).
+
+        ``now`` is ``env.now``, read once by the caller (a property call: a step emits many).
+        """
         stream = seq.stream
         n = seq.gen - seq.emitted
         if stream is None:
             return
-        if seq.fault is not None and self._apply_fault(seq, n):
+        if seq.fault is not None and self._apply_fault(seq, n, now):
             return
         first = seq.emitted == 0  # the first output moves the router's deadline earlier
         if n > 0:
@@ -658,10 +661,10 @@ class SimEngine:
                 data = seq.head + _chunk_body(n, final, seq.chat)
                 if not final:
                     seq.chunk_tokens, seq.chunk = n, data
-            stream.buffer.append((self.env.now, data))
+            stream.buffer.append((now, data))
         if final:
             self.delivered[seq.rid] = seq.emitted
-            stream.buffer.append((self.env.now, DONE))
+            stream.buffer.append((now, DONE))
             stream.ended = "eof"
         # After the first output, a plain token chunk only moves the router's read deadline
         # later and changes nothing outside its request, so (when coalescing) it waits for the
@@ -670,7 +673,7 @@ class SimEngine:
         if stream.waiter is not None and (final or first or not self.params.coalesce_reads):
             self._wake.append(stream)
 
-    def _apply_fault(self, seq: Seq, n: int) -> bool:
+    def _apply_fault(self, seq: Seq, n: int, now: float) -> bool:
         """A faulty stream reached its fault point: act it out. True if it ended the stream."""
         assert seq.fault is not None and seq.stream is not None
         kind, after = seq.fault
@@ -682,7 +685,7 @@ class SimEngine:
             seq.fault = None
             saved = seq.gen
             seq.gen = seq.emitted + allowed
-            self._emit(seq, final=False)
+            self._emit(seq, final=False, now=now)
             seq.gen = saved
             seq.fault = (kind, after)
         if kind == "stall":  # the stream stays open and says nothing more
@@ -693,11 +696,11 @@ class SimEngine:
             return True
         if kind == "early_done":
             self.delivered[seq.rid] = seq.emitted
-            stream.buffer.append((self.env.now, DONE))
+            stream.buffer.append((now, DONE))
             stream.ended = "eof"
         elif kind == "inband_error":
-            stream.buffer.append((self.env.now, ERROR_500))
-            stream.buffer.append((self.env.now, DONE))
+            stream.buffer.append((now, ERROR_500))
+            stream.buffer.append((now, DONE))
             stream.ended = "eof"
         else:  # disconnect: the connection closes before [DONE]
             stream.ended = "eof"
@@ -712,7 +715,7 @@ class SimEngine:
         if seq.stream is not None:
             if extra:
                 seq.stream.buffer.append((self.env.now, extra))
-            self._emit(seq, final=True)
+            self._emit(seq, final=True, now=self.env.now)
         self._finish(seq)
 
     def _reply_prefill(self, seq: Seq, replies: list[tuple[Resumer, object]]) -> None:
@@ -801,7 +804,7 @@ class SimEngine:
         if self.handoff_order:
             self._expire_handoffs(self.env.now)
         if step in self.block_due:
-            self._grow_blocks(step)
+            self._grow_blocks(step, self.env.now)
         decodes = len(self.decoding)
         budget = params.max_num_batched_tokens - decodes
         chunks: list[tuple[Seq, int]] = []
@@ -853,6 +856,7 @@ class SimEngine:
 
     def _apply(self, step: int, chunks: list[tuple[Seq, int]]) -> None:
         replies: list[tuple[Resumer, object]] = []
+        now = self.env.now
         for seq, take in chunks:
             if seq.state != "prefill":
                 continue
@@ -868,7 +872,7 @@ class SimEngine:
             if seq.gen >= seq.out:
                 self._end_stream(seq, b"")
             else:
-                self._emit(seq, final=False)
+                self._emit(seq, final=False, now=now)
                 if seq.state != "gone" and seq.state != "stalled":
                     self._join_decode(seq, step + 1)
         due = self.out_due.pop(step, None)
@@ -882,13 +886,13 @@ class SimEngine:
                 if step >= finish:
                     self._leave_decode(seq)
                     seq.gen = seq.out
-                    self._emit(seq, final=True)
+                    self._emit(seq, final=True, now=now)
                     if seq.state != "gone":
                         self._finish(seq)
                     continue
                 base = seq.gen
                 seq.gen = produced
-                self._emit(seq, final=False)
+                self._emit(seq, final=False, now=now)
                 if seq.state == "decode" and seq.run == run:
                     seq.gen = base  # while decoding, gen stays the count at the join step
                     nxt = step + 1 if seq.fault is not None else min(finish, step + interval)
