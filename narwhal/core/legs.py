@@ -161,9 +161,9 @@ class DecodeReader:
         "decode_read_timeout_s",
         "done",
         "fault",
-        "feed",
         "first_token_timeout_s",
         "got_token",
+        "parser",
         "request_deadline",
     )
 
@@ -184,7 +184,7 @@ class DecodeReader:
         self.got_token = False
         self.done = False
         self.fault: Fault | None = None
-        self.feed = SseParser(max_event_bytes=MAX_EVENT_BYTES).feed
+        self.parser = SseParser(max_event_bytes=MAX_EVENT_BYTES)
 
     def read(self, result: ChunkResult, now: float) -> list[tuple[float, SseEvent]]:
         """The events of one read result, each with its arrival time (see the class)."""
@@ -223,7 +223,7 @@ class DecodeReader:
     def _take(self, at: float, data: bytes, out: list[tuple[float, SseEvent]]) -> None:
         """One transport read that arrived at ``at``."""
         try:
-            events = self.feed(data)
+            events = self.parser.feed(data)  # a direct call when compiled (a bound method is not)
         except SseTooLarge:
             self.fault = fault(
                 FaultKind.MALFORMED_RESPONSE,

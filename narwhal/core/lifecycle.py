@@ -354,11 +354,11 @@ class _Lifecycle:
             decode_read_timeout_s=cfg.decode_read_timeout_s,
             request_deadline=self.deadline.at,
         )
-        read, next_chunk, handle = reader.read, transport.next_chunk, opened.handle
+        next_chunk, handle = transport.next_chunk, opened.handle
         while True:  # one plain loop per stream: this is the hot path of every request
             result = await next_chunk(handle, reader.deadline)
             out: list[bytes] = []  # what this read forwards, sent in one write
-            for at, event in read(result, clock.now()):
+            for at, event in reader.read(result, clock.now()):
                 kind = event.kind
                 if kind is EventKind.TOKEN:
                     if not self.got_token:

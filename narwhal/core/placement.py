@@ -57,25 +57,26 @@ class Placement:
         }
 
     def candidates(self, phase: str, now: float) -> list[str]:
-        placeable = self._breaker.placeable
-        return [url for url in self._serving[phase] if placeable(url, now)]
+        breaker = self._breaker
+        return [url for url in self._serving[phase] if breaker.placeable(url, now)]
 
     def any_eligible(self, phase: str, now: float) -> bool:
         """Whether some engine could take ``phase`` now (cheaper than :meth:`candidates`)."""
-        placeable = self._breaker.placeable
-        return any(placeable(url, now) for url in self._serving[phase])
+        breaker = self._breaker
+        return any(breaker.placeable(url, now) for url in self._serving[phase])
 
     def choose(self, phase: str, now: float, avoid: Collection[str] = ()) -> str | None:
         """The engine for ``phase``, or None when no engine of that role is eligible."""
         # One pass (it runs for every leg): the least loaded eligible engines, in config order,
         # kept apart for engines to avoid, which are chosen only when no other is eligible.
-        placeable, counts = self._breaker.placeable, self.counts
+        # (methods called on their objects, not through bound methods: direct calls compiled)
+        breaker, counts = self._breaker, self.counts
         tied: list[str] = []
         least = 0
         tied_avoided: list[str] = []
         least_avoided = 0
         for url in self._serving[phase]:
-            if not placeable(url, now):
+            if not breaker.placeable(url, now):
                 continue
             load = counts[url][phase]
             if url not in avoid:
