@@ -34,6 +34,16 @@ class Reservation:
     _placement: Placement = field(repr=False)
     released: bool = False
 
+    def __init__(
+        self, url: str, phase: str, epoch: int, _placement: Placement, released: bool = False
+    ) -> None:
+        # written out as the dataclass would: compiled, direct writes (see core.ports.Reply)
+        self.url = url
+        self.phase = phase
+        self.epoch = epoch
+        self._placement = _placement
+        self.released = released
+
     def release(self) -> None:
         if not self.released:
             self.released = True

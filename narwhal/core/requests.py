@@ -40,6 +40,15 @@ class ClientRequest:
     body: dict[str, Any]
     arrival: float
 
+    def __init__(
+        self, request_id: str, endpoint: str, body: dict[str, Any], arrival: float
+    ) -> None:
+        # written out as the dataclass would: compiled, a direct write (see core.ports.Reply)
+        object.__setattr__(self, "request_id", request_id)
+        object.__setattr__(self, "endpoint", endpoint)
+        object.__setattr__(self, "body", body)
+        object.__setattr__(self, "arrival", arrival)
+
     @property
     def stream(self) -> bool:
         return bool(self.body.get("stream", False))

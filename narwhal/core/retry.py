@@ -51,6 +51,9 @@ class Deadline:
 
     at: float
 
+    def __init__(self, at: float) -> None:  # compiled, a direct write (see core.ports.Reply)
+        object.__setattr__(self, "at", at)
+
     def remaining(self, now: float) -> float:
         return self.at - now
 

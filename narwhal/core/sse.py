@@ -91,6 +91,23 @@ class SseEvent:
     encoded: bytes | None = field(default=None, compare=False, repr=False)
     """What :meth:`wire` returns, when the parser still had the event's bytes (no re-encoding)."""
 
+    def __init__(
+        self,
+        kind: EventKind,
+        data: str,
+        payload: dict[str, Any] | None = None,
+        error_status: int | None = None,
+        error_message: str | None = None,
+        encoded: bytes | None = None,
+    ) -> None:
+        # written out as the dataclass would: compiled, direct writes (see core.ports.Reply)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "payload", payload)
+        object.__setattr__(self, "error_status", error_status)
+        object.__setattr__(self, "error_message", error_message)
+        object.__setattr__(self, "encoded", encoded)
+
     def wire(self) -> bytes:
         """The event encoded for forwarding: a ``data: `` line per line of data, then a blank line.
 
@@ -108,6 +125,7 @@ class SseEvent:
 
 _DONE_WIRE = b"data: [DONE]\n\n"
 _DONE_EVENT = SseEvent(EventKind.DONE, _DONE, encoded=_DONE_WIRE)
+_NO_EVENT = SseEvent(EventKind.MALFORMED, "")  # a parser's "last event" before it has one
 
 
 def encode_data_event(payload: dict[str, Any]) -> bytes:
@@ -249,7 +267,7 @@ class SseParser:
         # the last whole event taken on the fast path, as bytes, and its (immutable) event;
         # the last chunk that was exactly that one event (None: none yet)
         self._last_block = b""
-        self._last_event = SseEvent(EventKind.MALFORMED, "")
+        self._last_event = _NO_EVENT
         self._last_chunk: bytes | None = None
 
     @property

@@ -1,0 +1,87 @@
+"""The value classes that write their own ``__init__`` (for the compiled build's speed) keep the
+dataclass contract: the same parameters, in field order, with the fields' defaults, every field
+set, frozen where declared frozen, equal and hashed by value."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import pytest
+
+from narwhal.core.placement import Reservation
+from narwhal.core.ports import Burst, Chunk, Reply, StreamOpened
+from narwhal.core.requests import ClientRequest
+from narwhal.core.retry import Deadline
+from narwhal.core.sse import EventKind, SseEvent
+
+FROZEN = [Reply, StreamOpened, Chunk, Burst, ClientRequest, Deadline, SseEvent]
+SAMPLES: dict[str, Any] = {
+    "status": 503,
+    "body": b"{}",
+    "headers": (("retry-after", "1"),),
+    "handle": object(),
+    "data": b"data: x\n\n",
+    "reads": ((1.5, b"a"), (2.5, b"b")),
+    "request_id": "req-1",
+    "endpoint": "/v1/completions",
+    "arrival": 3.25,
+    "at": 7.5,
+    "kind": EventKind.ERROR,
+    "payload": {"error": {"code": 503}},
+    "error_status": 503,
+    "error_message": "overloaded",
+    "encoded": b"data: {}\n\n",
+    "url": "http://e",
+    "phase": "decode",
+    "epoch": 2,
+    "_placement": object(),
+    "released": True,
+}
+
+
+def sample(cls: type, name: str) -> Any:
+    if cls is SseEvent and name == "data":
+        return '{"error": {"code": 503}}'  # an event's data is text
+    if cls is ClientRequest and name == "body":
+        return {"prompt": "x"}
+    return SAMPLES[name]
+
+
+@pytest.mark.parametrize("cls", [*FROZEN, Reservation], ids=lambda cls: cls.__name__)
+def test_init_takes_the_fields_in_order_with_their_defaults(cls: type) -> None:
+    fields = dataclasses.fields(cls)
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # without self
+    assert [p.name for p in params] == [f.name for f in fields]
+    for param, f in zip(params, fields, strict=True):
+        expected = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+        assert param.default == expected, f.name
+
+
+@pytest.mark.parametrize("cls", [*FROZEN, Reservation], ids=lambda cls: cls.__name__)
+def test_every_field_is_set_positionally_and_by_keyword(cls: type) -> None:
+    values = {f.name: sample(cls, f.name) for f in dataclasses.fields(cls)}
+    for value in (cls(*values.values()), cls(**values)):
+        assert {name: getattr(value, name) for name in values} == values
+    required = {f.name: values[f.name] for f in dataclasses.fields(cls) if not _has_default(f)}
+    defaulted = cls(**required)
+    for f in dataclasses.fields(cls):
+        if _has_default(f):
+            assert getattr(defaulted, f.name) == f.default
+
+
+@pytest.mark.parametrize("cls", FROZEN, ids=lambda cls: cls.__name__)
+def test_frozen_values_stay_frozen_and_compare_by_value(cls: type) -> None:
+    values = {f.name: sample(cls, f.name) for f in dataclasses.fields(cls)}
+    value = cls(**values)
+    name = dataclasses.fields(cls)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, name, values[name])
+    assert value == cls(**values)
+    if cls not in (ClientRequest,):  # a request holds its body (a dict): not hashable
+        assert hash(value) == hash(cls(**values))
+
+
+def _has_default(f: dataclasses.Field[Any]) -> bool:
+    return f.default is not dataclasses.MISSING
