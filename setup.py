@@ -35,6 +35,7 @@ COMPILED = [
     "narwhal/core/placement.py",
     "narwhal/core/policies.py",
     "narwhal/core/ports.py",
+    "narwhal/core/request_record.py",
     "narwhal/core/requests.py",
     "narwhal/core/retry.py",
     "narwhal/core/sse.py",

@@ -249,7 +249,7 @@ class _Lifecycle:
             return self._no_engine("prefill")
         self._producer = producer
         prefill_slot = self._reserve(producer, "prefill", now)
-        connector = policies.config.kv_connector
+        connector = policies.kv_connector
         prefill_id = policies.new_id(f"{self.request.request_id}-p{self.attempts}")
         kv_params = prefill_kv_params(connector, transfer_id=prefill_id)
         leg_started = now
@@ -396,14 +396,15 @@ class _Lifecycle:
     ) -> None:
         self.policies.breaker.on_success(consumer, self._epochs[consumer], now, phase="decode")
         self.final = (200, "ok", None)
-        self.policies.log.add(
-            now,
-            "status",
-            None,
-            request=self.request.request_id,
-            status=200,
-            committed=self.committed,
-        )
+        if self.policies.log.enabled:  # (every request: skip the call when nothing keeps it)
+            self.policies.log.add(
+                now,
+                "status",
+                None,
+                request=self.request.request_id,
+                status=200,
+                committed=self.committed,
+            )
         if assembler is None:
             await self.sink.send(done_wire)
         else:

@@ -105,7 +105,8 @@ class Placement:
 
     def reserve(self, url: str, phase: str, now: float, request_id: str) -> Reservation:
         self.counts[url][phase] += 1
-        self._log.add(now, "place", url, phase=phase, request=request_id)
+        if self._log.enabled:  # (twice a request: skip building the call when nothing keeps it)
+            self._log.add(now, "place", url, phase=phase, request=request_id)
         return Reservation(url, phase, self._breaker.epoch(url), self)
 
     def in_flight(self) -> int:

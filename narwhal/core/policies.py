@@ -47,6 +47,9 @@ class Policies:
             config.recovery.retry_budget_ratio, config.recovery.retry_budget_min
         )
         self._ids = random.Random(root.getrandbits(64))
+        # read on every request; the configuration does not change under a router
+        self.kv_connector = config.kv_connector
+        self._side_channels = {entry.url: entry.kv_endpoint for entry in config.engines}
         self.on_record = on_record or (lambda record: None)
 
     def new_id(self, prefix: str) -> str:
@@ -56,4 +59,4 @@ class Policies:
         return prefix + "-" + hex(self._ids.getrandbits(48) | _PAD_48)[3:]
 
     def pinned_side_channel(self, producer: str) -> str | None:
-        return self.config.engine_by_url(producer).kv_endpoint
+        return self._side_channels[producer]

@@ -3,12 +3,20 @@
 Rule kept here: records are immutable values appended in the order decisions are made; nothing
 reads the clock here, callers pass ``now``. The decision log is what the parity test compares
 between the simulator and the live router.
+
+(:class:`RequestRecord` lives in :mod:`narwhal.core.request_record`, which the optional compiled
+build compiles; this module is not compiled because the live router subclasses
+:class:`DecisionLog`. It is re-exported here.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from narwhal.core.request_record import RequestRecord
+
+__all__ = ["Decision", "DecisionLog", "RequestRecord"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +34,12 @@ class Decision:
 
 @dataclass
 class DecisionLog:
-    """An append-only list of :class:`Decision`; ``enabled=False`` keeps nothing (hot paths)."""
+    """An append-only list of :class:`Decision`; ``enabled=False`` keeps nothing (hot paths).
+
+    A disabled log is a no-op, so hot callers may skip calling :meth:`add` when ``enabled`` is
+    False (building the call costs more than the check); a subclass that must see every
+    decision keeps ``enabled`` True.
+    """
 
     enabled: bool = True
     entries: list[Decision] = field(default_factory=list)
@@ -34,38 +47,3 @@ class DecisionLog:
     def add(self, t: float, kind: str, engine: str | None = None, **detail: Any) -> None:
         if self.enabled:
             self.entries.append(Decision(t, kind, engine, tuple(sorted(detail.items()))))
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """What one client request did. Durations are seconds from arrival at the router."""
-
-    request_id: str
-    arrival: float
-    status: int
-    outcome: str  # "ok" or the FaultKind value that ended it, or "client_gone"
-    committed: bool  # HTTP 200 was sent before the end (streaming)
-    ttft_s: float | None  # producer HTTP leg completed (last attempt that got that far)
-    # first generated decode output observed by the router (last attempt that got that far)
-    first_byte_s: float | None
-    finished_s: float  # end of the request
-    attempts: int
-    engines: tuple[str, ...]  # every engine used, in order (producer, consumer, ...)
-    output_tokens: int  # generated-output events received (last attempt that decoded)
-    error: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "request_id": self.request_id,
-            "arrival": self.arrival,
-            "status": self.status,
-            "outcome": self.outcome,
-            "committed": self.committed,
-            "ttft_s": self.ttft_s,
-            "first_byte_s": self.first_byte_s,
-            "finished_s": self.finished_s,
-            "attempts": self.attempts,
-            "engines": list(self.engines),
-            "output_tokens": self.output_tokens,
-            "error": self.error,
-        }

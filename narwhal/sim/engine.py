@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import random
-import re
+import string
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -217,12 +217,15 @@ def _chunk_body(n: int, final: bool, chat: bool) -> bytes:
     return b"x" * n + b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
 
 
-_NOT_PLAIN = re.compile(r"[^A-Za-z0-9._:/+-]")
+_PLAIN = string.ascii_letters + string.digits + "._:/+-"  # characters JSON writes as they are
 
 
 def _json_value(value: Any) -> str:
-    """``json.dumps(value)``; a plain string (ids, model names: 5 per request) skips the encoder."""
-    if isinstance(value, str) and not _NOT_PLAIN.search(value):
+    """``json.dumps(value)``; a plain string (ids, model names: 5 per request) skips the encoder.
+
+    A string is plain when stripping the plain characters from both ends leaves nothing (one
+    pass in C, cheaper than a regular expression search)."""
+    if isinstance(value, str) and not value.strip(_PLAIN):
         return f'"{value}"'
     return json.dumps(value)
 

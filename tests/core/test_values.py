@@ -12,11 +12,12 @@ import pytest
 
 from narwhal.core.placement import Reservation
 from narwhal.core.ports import Burst, Chunk, Reply, StreamOpened
+from narwhal.core.request_record import RequestRecord
 from narwhal.core.requests import ClientRequest
 from narwhal.core.retry import Deadline
 from narwhal.core.sse import EventKind, SseEvent
 
-FROZEN = [Reply, StreamOpened, Chunk, Burst, ClientRequest, Deadline, SseEvent]
+FROZEN = [Reply, StreamOpened, Chunk, Burst, ClientRequest, Deadline, SseEvent, RequestRecord]
 SAMPLES: dict[str, Any] = {
     "status": 503,
     "body": b"{}",
@@ -38,6 +39,15 @@ SAMPLES: dict[str, Any] = {
     "epoch": 2,
     "_placement": object(),
     "released": True,
+    "outcome": "inband_error",
+    "committed": True,
+    "ttft_s": 0.25,
+    "first_byte_s": 0.5,
+    "finished_s": 1.75,
+    "attempts": 2,
+    "engines": ("http://p", "http://d"),
+    "output_tokens": 7,
+    "error": "engine error in stream",
 }
 
 
@@ -46,6 +56,8 @@ def sample(cls: type, name: str) -> Any:
         return '{"error": {"code": 503}}'  # an event's data is text
     if cls is ClientRequest and name == "body":
         return {"prompt": "x"}
+    if cls is RequestRecord and name == "request_id":
+        return "req-9"
     return SAMPLES[name]
 
 
