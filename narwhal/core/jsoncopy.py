@@ -32,10 +32,12 @@ def json_copy(value: T) -> T:
     kind = type(value)
     if kind is dict:
         source: dict[Any, Any] = value  # type: ignore[assignment]
-        # scalars are shared, not copied (bodies are mostly scalars)
-        return {  # type: ignore[return-value]
-            k: v if _is_scalar(v) else json_copy(v) for k, v in source.items()
-        }
+        # a dict's copy (one C call) shares its scalars; only containers are copied in turn
+        copied = source.copy()
+        for k, v in source.items():
+            if not _is_scalar(v):
+                copied[k] = json_copy(v)
+        return copied  # type: ignore[return-value]
     if kind is list:
         items: list[Any] = value  # type: ignore[assignment]
         for item in items:  # a list of scalars (block ids, token ids) is copied with one slice

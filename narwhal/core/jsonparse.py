@@ -1,4 +1,4 @@
-"""Parsing JSON that comes from outside: client bodies and engine replies.
+"""Parsing JSON that comes from outside: client bodies, engine replies and streamed events.
 
 Rule kept here: whatever the router parses from the network is either a JSON value nested at most
 about 200 levels deep or a ``ValueError``. The standard ``json.loads`` goes as deep as Python's

@@ -31,9 +31,10 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from narwhal.core.jsonparse import parse_json
 
 __all__ = [
     "DEFAULT_ERROR_STATUS",
@@ -50,11 +51,6 @@ DEFAULT_ERROR_STATUS = 502
 _DONE = "[DONE]"
 _UTF8_BOM = b"\xef\xbb\xbf"
 _EOL = re.compile(r"\r\n|\r|\n")
-# json.loads(s) is the default decoder's scan from the first non-blank character plus a check
-# that only blanks follow; for data that starts with "{" and ends with "}" that is one scan.
-# (scan_once is set by JSONDecoder.__init__ and missing from the type stubs.)
-_SCAN: Any = json.JSONDecoder()
-_scan_once: Callable[[str, int], tuple[Any, int]] = _SCAN.scan_once
 # Chat delta fields whose non-empty value means the engine generated output.
 _DELTA_OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call")
 
@@ -139,24 +135,15 @@ def encode_data_event(payload: dict[str, Any]) -> bytes:
 def classify(data: str, encoded: bytes | None = None) -> SseEvent:
     """Classify one event's data field (see :class:`EventKind`); ``encoded``, when given, is
     the event's exact wire form (``data: <data>`` and a blank line), kept for :meth:`wire`."""
-    if data[:1] == "{" and data[-1:] == "}":
-        # The common shape, a bare JSON object: it cannot be [DONE], and json.loads on it is
-        # exactly one scan from 0 that must end at len(data) (trailing "}" is not whitespace).
-        try:
-            payload, end = _scan_once(data, 0)
-        except (StopIteration, ValueError, RecursionError):
-            return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
-        if end != len(data):
-            return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
-    else:
+    if data[:1] != "{":  # not the common shape, a JSON object: perhaps [DONE]
         if data == _DONE and (encoded is None or encoded == _DONE_WIRE):
             return _DONE_EVENT  # every stream's last event: one value serves them all
         if data == _DONE or data.strip() == _DONE:
             return SseEvent(EventKind.DONE, data, encoded=encoded)
-        try:
-            payload = json.loads(data)
-        except (ValueError, RecursionError):
-            return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
+    try:
+        payload = parse_json(data)  # the router's one JSON parser (bounded depth, fast)
+    except ValueError:
+        return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
     if not isinstance(payload, dict):
         return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
 

@@ -682,3 +682,12 @@ def test_a_repeated_chunk_means_what_it_meant_and_only_from_a_clean_state() -> N
     assert parser.feed(a[:10]) == []  # held: the same bytes next are not a whole event
     assert [e.data for e in parser.feed(a)] == [(a[:10] + a)[6:].split(b"\n")[0].decode()]
     assert parser.feed(a) == first
+
+
+def test_event_json_is_read_like_any_json_the_router_parses() -> None:
+    # one parser for everything from the network (core.jsonparse): blanks around a value are
+    # fine; trailing data, a second value or an escaped lone surrogate make the event malformed
+    assert classify(' {"choices": [{"text": "a"}]} ').kind is EventKind.TOKEN
+    assert classify('{"choices": [{"text": "a"}]} x').kind is EventKind.MALFORMED
+    assert classify('{"a": 1}{"b": 2}').kind is EventKind.MALFORMED
+    assert classify('{"choices": [{"text": "\\ud800"}]}').kind is EventKind.MALFORMED
