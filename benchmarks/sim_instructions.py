@@ -1,0 +1,85 @@
+"""Simulator cost in CPU instructions per simulated request: a figure that does not move with
+the machine's load. Not a test.
+
+This machine's wall-clock speed moves by a third or more from minute to minute (other
+tenants), more than most changes do. Instructions executed do not: this script runs the
+``sim_speed`` scenario under valgrind's callgrind twice, for ``--base`` and for ``--base`` plus
+``--requests`` requests, and prints the difference per request (setup, imports and the
+step-time fit cancel out). Needs ``valgrind``; takes a minute or two.
+
+    .venv-compiled/bin/python benchmarks/sim_instructions.py [--requests 2000] [--base 200]
+    .venv/bin/python benchmarks/sim_instructions.py            # the pure build (slower)
+
+Comparing two versions: run it with each (``PYTHONPATH`` at a build of each); equal counts mean
+equal work, whatever the clock said.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+CHILD = """
+import sys
+sys.path.insert(0, {here!r})
+from sim_speed import build, scenario_for
+from narwhal.core.records import DecisionLog
+from narwhal.sim.runner import run
+run(scenario_for({requests}, 16, 16, 35.0), log=DecisionLog(enabled=False))
+print(build())
+"""
+
+
+def instructions(requests: int) -> tuple[int, str]:
+    """Instructions callgrind counts for a whole process simulating ``requests`` requests, and
+    the build that process ran."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={tmp}/callgrind.out",
+                sys.executable,
+                "-P",  # not the working directory first on sys.path: a checkout there is pure
+                "-c",
+                CHILD.format(here=str(HERE), requests=requests),
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+            check=True,
+        )
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if found is None:
+        raise SystemExit(f"no instruction count in valgrind's output:\n{out.stderr[-2000:]}")
+    return int(found.group(1)), out.stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--base", type=int, default=200)
+    args = parser.parse_args()
+    if args.requests < 1 or args.base < 1:
+        parser.error("--requests and --base must be at least 1")
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (it counts the instructions)")
+    base, build = instructions(args.base)
+    total, _ = instructions(args.base + args.requests)
+    per = (total - base) / args.requests
+    print(
+        f"[{build} build] {per:,.0f} instructions per simulated request "
+        f"({args.base:,} vs {args.base + args.requests:,} requests: {base:,} vs {total:,})"
+    )
+
+
+if __name__ == "__main__":
+    main()
