@@ -242,7 +242,7 @@ def _block_id_texts(num_blocks: int) -> list[str]:
     return _ID_TEXT
 
 
-_PAD_32 = 1 << 32
+_PAD_32 = 1 << 32  # hex(bits | _PAD_32)[3:] is f"{bits:08x}" for 32 random bits
 
 
 def _json_error(status: int, message: str, kind: str) -> bytes:
@@ -261,7 +261,8 @@ def _due(table: dict[int, list[tuple[Seq, int]]], step: int, seq: Seq) -> None:
 
 
 class SimEngine:
-    """One engine: its scheduler process, KV blocks, handoffs, streams and fault switches."""
+    """One engine: its scheduler (a chain of step events), KV blocks, handoffs, streams and fault
+    switches."""
 
     def __init__(
         self,
