@@ -47,14 +47,24 @@ def test_ejection_then_probe_readmission(
     assert engine["ejected_since"] == pytest.approx(time.time(), abs=5)
     metrics = handle.metrics()
     assert metric_value(metrics, "narwhal_ejections_total", engine=consumer.url) == 1
+
     # The only consumer is out: the router answers 503 with Retry-After, not a hang, and
-    # spends no prefill on a handoff nobody would pull.
-    prefills_before = producer.state()["prefills"]
+    # places no prefill for a handoff nobody would pull. (Counted by the router's placements:
+    # the producer's own prefill count also moves with the probes of the ejected consumer,
+    # each of which prefills on it, every probe_interval_s.)
+    def prefills_placed() -> float:
+        metrics = handle.metrics()
+        return metric_value(
+            metrics, "narwhal_placements_total", engine=producer.url, phase="prefill"
+        )
+
+    placed_before = prefills_placed()
+    assert placed_before == 2  # the two failed requests
     with pytest.raises(openai.APIStatusError) as caught:
         ask(handle)
     assert caught.value.status_code == 503
     assert caught.value.response.headers["retry-after"]
-    assert producer.state()["prefills"] == prefills_before
+    assert prefills_placed() == placed_before
     # Probes keep failing while the fault lasts; once cleared, one passes and readmits.
     handle.wait_for(
         lambda: metric_value(handle.metrics(), "narwhal_probes_total", outcome="failed") >= 1
