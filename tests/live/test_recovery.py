@@ -59,7 +59,6 @@ def test_ejection_then_probe_readmission(
         )
 
     placed_before = prefills_placed()
-    assert placed_before == 2  # the two failed requests
     with pytest.raises(openai.APIStatusError) as caught:
         ask(handle)
     assert caught.value.status_code == 503
