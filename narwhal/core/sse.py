@@ -276,13 +276,15 @@ class SseParser:
             and not self._partial
             and not self._data
             and not self._skip_lf
-            and b"\r" not in chunk
+            # find(), not ``in``: bytes ``in`` first tries its operand as an int and formats a
+            # TypeError each time (a tenth of this method's cost)
+            and chunk.find(b"\r") < 0
             and not (self._start and chunk.startswith(_UTF8_BOM))
         ):
             # Fast path, the usual shape: whole events of one "data: " line each, nothing held.
             blocks = chunk[:-2].split(b"\n\n")
             for block in blocks:
-                if not block.startswith(b"data: ") or b"\n" in block:
+                if not block.startswith(b"data: ") or block.find(b"\n") >= 0:
                     break
             else:
                 self._start = False
