@@ -218,8 +218,9 @@ def prefill_kv_params(connector: str, transfer_id: str | None = None) -> dict[st
 
 
 def _check_shape(params: dict[str, Any], connector: str) -> None:
-    foreign = sorted(k for k in params if k in _FOREIGN_KEYS[connector])
-    if foreign:
+    unused = _FOREIGN_KEYS[connector]
+    if not unused.isdisjoint(params):  # (one C call for the usual, clean descriptor)
+        foreign = sorted(k for k in params if k in unused)
         raise DescriptorError(
             DescriptorReason.CONNECTOR_MISMATCH,
             f"descriptor carries {', '.join(foreign)}, which {connector} does not use",

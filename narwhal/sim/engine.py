@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import random
-import string
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -217,15 +216,19 @@ def _chunk_body(n: int, final: bool, chat: bool) -> bytes:
     return b"x" * n + b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
 
 
-_PLAIN = string.ascii_letters + string.digits + "._:/+-"  # characters JSON writes as they are
-
-
 def _json_value(value: Any) -> str:
     """``json.dumps(value)``; a plain string (ids, model names: 5 per request) skips the encoder.
 
-    A string is plain when stripping the plain characters from both ends leaves nothing (one
-    pass in C, cheaper than a regular expression search)."""
-    if isinstance(value, str) and not value.strip(_PLAIN):
+    A string is plain when JSON writes it as it is: printable ASCII (``" "`` to ``"~"``) without
+    ``"`` or ``\\``. Four scans in C; ``str.strip`` of a character set looked each character
+    up in the set's text (a tenth of the prefill reply's cost)."""
+    if (
+        isinstance(value, str)
+        and value.isascii()
+        and value.isprintable()
+        and value.find('"') < 0
+        and value.find("\\") < 0
+    ):
         return f'"{value}"'
     return json.dumps(value)
 
@@ -802,13 +805,13 @@ class SimEngine:
 
     # ------------------------------------------------------------------ the scheduler
 
-    def _plan(self, step: int) -> tuple[float, list[tuple[Seq, int]]] | None:
+    def _plan(self, step: int, now: float) -> tuple[float, list[tuple[Seq, int]]] | None:
         """Compose the batch of ``step``: its duration and prefill chunks (decodes implied)."""
         params = self.params
         if self.handoff_order:
-            self._expire_handoffs(self.env.now)
+            self._expire_handoffs(now)
         if step in self.block_due:
-            self._grow_blocks(step, self.env.now)
+            self._grow_blocks(step, now)
         decodes = len(self.decoding)
         budget = params.max_num_batched_tokens - decodes
         chunks: list[tuple[Seq, int]] = []
@@ -858,9 +861,8 @@ class SimEngine:
             dt *= 1.0 + jitter * (2.0 * self.rng.random() - 1.0)
         return dt * self.slow, chunks
 
-    def _apply(self, step: int, chunks: list[tuple[Seq, int]]) -> None:
+    def _apply(self, step: int, chunks: list[tuple[Seq, int]], now: float) -> None:
         replies: list[tuple[Resumer, object]] = []
-        now = self.env.now
         for seq, take in chunks:
             if seq.state != "prefill":
                 continue
@@ -924,9 +926,9 @@ class SimEngine:
 
     def _on_wake(self, _event: simpy.Event) -> None:
         self._waking = False
-        self._next_step()
+        self._next_step(self.env.now)
 
-    def _next_step(self) -> None:
+    def _next_step(self, now: float) -> None:
         """Plan the next step and schedule its end, or fall asleep until :meth:`_kick`.
 
         The scheduler is a chain of SimPy timeouts, one per step, each ending in
@@ -934,7 +936,7 @@ class SimEngine:
         without resuming a generator for each.
         """
         self._asleep = False  # planning may free blocks, which kicks: nothing to wake
-        plan = None if self.down or self.hung else self._plan(self.it)
+        plan = None if self.down or self.hung else self._plan(self.it, now)
         if plan is None:
             self._asleep = True
             return
@@ -946,11 +948,12 @@ class SimEngine:
     def _end_step(self, _event: simpy.Event) -> None:
         step, chunks, dt, generation = self._step
         self.in_step = False
+        now = self.env.now  # (a property call: read once a step, passed on)
         if generation == self._generation:  # else it crashed during the step
             self.steps += 1
             self.busy_s += dt
-            self._apply(step, chunks)
-        self._next_step()
+            self._apply(step, chunks, now)
+        self._next_step(now)
 
     # ------------------------------------------------------------------ faults
 

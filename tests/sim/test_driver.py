@@ -88,3 +88,25 @@ def test_call_and_stream_deadlines_through_the_transport() -> None:
     assert isinstance(result, TimedOut) and at == 0.004 and in_flight == 0
     result, at, deadline = seen["read"]
     assert isinstance(result, TimedOut) and at == deadline
+
+
+def test_a_closed_streams_read_deadline_costs_no_event() -> None:
+    """Closing a stream (the router's cleanup) drops its pending read deadline: the shared timer
+    skips it instead of firing for it."""
+    env, engine, transport = make()
+    engine.set_hung(True)  # silent streams: every read waits for its deadline
+    handles: list[Any] = []
+
+    async def reader(deadline: float) -> None:
+        opened = await transport.open_stream(URL, "/v1/completions", {"prompt": "x"}, {}, 99.0)
+        assert isinstance(opened, StreamOpened)
+        handles.append(opened.handle)
+        await transport.next_chunk(opened.handle, deadline)
+
+    for deadline in (1.0, 1.1, 1.2, 2.0):
+        start(env, reader(deadline))
+    env.run(until=0.5)
+    for handle in handles[:3]:
+        transport.close_stream(handle)
+    env.run(until=1.0 + 1e-9)  # the timer armed for 1.0 fires and finds 1.0 to 1.2 closed
+    assert [at for at, *_ in env._queue if at > env.now] == [2.0]

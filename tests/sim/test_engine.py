@@ -264,6 +264,7 @@ def test_a_prompt_that_can_never_fit_the_kv_cache_is_refused_with_400() -> None:
 @given(
     st.text()
     | st.text(alphabet='ab-_/:."\\\n\t é')  # near-plain, with what JSON must escape
+    | st.text(alphabet=" ~\x1f\x7f\x80az{}'")  # the edges of printable ASCII
     | st.from_regex(r"[A-Za-z0-9._:/+-]*", fullmatch=True)
     | st.none()
     | st.integers()
