@@ -63,13 +63,21 @@ READY_NONE = Ready(None)
 
 
 class Op:
-    """A request to the driver: yielded to the :class:`Task`, answered with ``send``."""
+    """A request to the driver: yielded to the :class:`Task`, which puts the answer in
+    ``result`` and then resumes the coroutine with ``None``.
 
-    __slots__ = ()
+    Why not ``send(answer)``: each coroutine between the task and the op passes the value on to
+    the one it awaits, and a compiled coroutine steps its inner one with a plain ``next`` for
+    ``None`` (its fast path) but with a ``send`` looked up by name for anything else.
+    """
+
+    __slots__ = ("result",)
+
+    result: Any
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        result = yield self
-        return result
+        yield self
+        return self.result
 
     def start(self, task: Task) -> Any:
         """Begin the operation: return its result now, or :data:`PENDING`."""
@@ -79,21 +87,27 @@ class Op:
 class Task:
     """Steps one core coroutine; resumed by whatever satisfies the op it waits on."""
 
-    __slots__ = ("coro", "on_done")
+    __slots__ = ("coro", "on_done", "waiting_on")
 
     def __init__(
         self, coro: Coroutine[Any, Any, Any], on_done: Callable[[Any], None] | None = None
     ) -> None:
         self.coro: Coroutine[Any, Any, Any] | None = coro
         self.on_done = on_done
+        self.waiting_on: Op | None = None  # the op whose answer resumes this task
 
     def resume(self, value: Any = None) -> None:
+        """Answer the op the task waits on with ``value`` and step it until it waits again."""
         coro = self.coro
         if coro is None:
             raise RuntimeError("resumed a task that has finished")
+        waiting = self.waiting_on
+        if waiting is not None:
+            waiting.result = value
+            self.waiting_on = None
         while True:
             try:
-                op = coro.send(value)
+                op: Op = coro.send(None)  # (the answer is in op.result: see Op)
             except StopIteration as stop:
                 # Let go of the finished coroutine now: a compiled one keeps its locals (the
                 # whole request) until freed, and stale deadlines still point at this task.
@@ -101,9 +115,11 @@ class Task:
                 if self.on_done is not None:
                     self.on_done(stop.value)
                 return
-            value = op.start(self)
-            if value is PENDING:
+            result = op.start(self)
+            if result is PENDING:
+                self.waiting_on = op
                 return
+            op.result = result
 
 
 class Wait:

@@ -1,4 +1,5 @@
-"""The runner: the collector's thresholds are raised for a run and always restored."""
+"""The runner: arrivals start on time and in order; the collector's thresholds are raised for a
+run and always restored."""
 
 from __future__ import annotations
 
@@ -44,3 +45,15 @@ def test_a_run_leaves_the_collector_as_it_found_it(
     result = run(scenario(workload={"duration_s": 1.0}))
     assert result.records
     assert gc.get_threshold() == custom_thresholds
+
+
+def test_requests_start_at_their_arrivals_in_order_one_timer_per_arrival_time() -> None:
+    """Arrivals due together start together, in trace order; a request waited for starts when
+    its timer fires (SimPy's ``now + delay``), not after a second timer for the rounding."""
+    arrivals = [0.0, 0.0, 0.127, 2.834, 2.834, 3.5]
+    fixed = {"kind": "fixed", "arrivals_s": arrivals, "prompt": None, "output": None}
+    result = run(scenario(workload=fixed))
+    started = sorted((int(r.request_id[4:]), r.arrival) for r in result.records)
+    reached = 0.127 + (2.834 - 0.127)  # 2.8339999999999996: where one timer from 0.127 lands
+    # (so req-4, due at 2.834, is still 4e-16 s ahead then and gets a timer of its own)
+    assert started == list(enumerate([0.0, 0.0, 0.127, reached, 2.834, 3.5]))
