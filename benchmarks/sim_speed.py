@@ -314,11 +314,11 @@ def main() -> None:
     )
     parser.add_argument("--figure", type=Path, default=REPO / "docs" / "figures" / "sim-speed.png")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     if args.sweep:
         sweep(args.requests, args.rate_scale, args.figure, args.repeat)
         return
-    if args.repeat < 1:
-        parser.error("--repeat must be at least 1")
     scenario = scenario_for(args.requests, args.stream_interval, args.block_size, args.rate_scale)
     rates = []
     for _ in range(args.repeat):
