@@ -15,7 +15,7 @@ from collections.abc import Sequence
 COMMAND_MODULES = (
     "narwhal.sim.commands",
     "narwhal.live.commands",
-    "narwhal.experiments_cli",
+    "narwhal.experiments.commands",
     "narwhal.vllm.commands",
 )
 
