@@ -69,10 +69,16 @@ def test_setup_confirms_a_complete_env_without_building(
     assert f"ready: {venv}" in out
 
 
+SCRIPT = REPO / "scripts" / "setup_vllm_env.sh"
+
+
+@pytest.mark.skipif(
+    not SCRIPT.exists(), reason="tests copied without the checkout (the compiled build's run)"
+)
 def test_the_setup_script_runs_the_command(tmp_path: Path) -> None:
     venv = complete_venv(tmp_path / "venv")
     done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "setup_vllm_env.sh"), str(venv)],
+        ["bash", str(SCRIPT), str(venv)],
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
