@@ -76,7 +76,8 @@ def register(subparsers: Any) -> None:
 
 
 def _load(path: str) -> Any:
-    from narwhal.core.config import ConfigError, load_config
+    from narwhal.config_file import load_config
+    from narwhal.core.config import ConfigError
 
     try:
         return load_config(path)
