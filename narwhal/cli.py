@@ -15,6 +15,7 @@ from collections.abc import Sequence
 COMMAND_MODULES = (
     "narwhal.sim.commands",
     "narwhal.live.commands",
+    "narwhal.emulator.commands",
     "narwhal.experiments_cli",
     "narwhal.vllm.commands",
 )

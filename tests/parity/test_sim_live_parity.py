@@ -64,12 +64,12 @@ import uvicorn
 
 from narwhal.core.config import Role
 from narwhal.core.records import RequestRecord
+from narwhal.emulator.faults import FaultSpec
+from narwhal.emulator.runner import build_emulator
+from narwhal.emulator.state import EmulatorConfig
+from narwhal.emulator.timing import LinearTiming
 from narwhal.live.app import Router
-from narwhal.live.emulator.app import EmulatorConfig
-from narwhal.live.emulator.faults import FaultSpec
-from narwhal.live.emulator.runner import build_emulator
-from narwhal.live.emulator.timing import LinearTiming
-from narwhal.live.serving import bind, make_server, port_of
+from narwhal.serving import bind, make_server, port_of
 from narwhal.sim.runner import RunResult, run
 from narwhal.sim.scenario import Scenario, parse_scenario
 

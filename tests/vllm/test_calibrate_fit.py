@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from narwhal.cli import build_parser, main
-from narwhal.live.emulator.timing import LinearTiming
+from narwhal.emulator.timing import LinearTiming
 from narwhal.sim.runner import run
 from narwhal.sim.scenario import parse_scenario
 from narwhal.sim.timing import LinearStepTiming
@@ -129,12 +129,12 @@ def test_time_batch_sends_prompts_of_the_asked_length() -> None:
         engine = start_emulator(running, timing=LinearTiming(decode_s_per_token=0.002))
         computed: list[int] = []
         for length in (24, 600):
-            before = engine.app.counts["local_tokens"]
+            before = engine.app.engine.counts["local_tokens"]
             sample = asyncio.run(
                 time_batch(engine.url, "tiny-llama", 2, 5, random.Random(0), prompt_length=length)
             )
             assert sample.batch == 2 and sample.step_s > 0
-            computed.append(engine.app.counts["local_tokens"] - before)
+            computed.append(engine.app.engine.counts["local_tokens"] - before)
     finally:
         running.stop_all()
     assert computed[1] > 10 * computed[0] > 0
