@@ -81,8 +81,9 @@ FAULTS: tuple[InjectedFault, ...] = (
     ),
     InjectedFault(
         "hang",
-        "/health still answers 200 and streams open, but no step runs",
-        {SIMULATOR: ()},
+        "/health still answers 200 and streams open (HTTP 200, SSE headers), but no step runs: "
+        "nothing is generated and running streams stop until it ends",
+        {SIMULATOR: (), EMULATOR: ("seconds",)},
     ),
     InjectedFault(
         "slow",

@@ -1,14 +1,17 @@
-"""Acting faults out: the engine-wide ones (``refused``, ``freeze``) and the ways a request hangs
-or is reset.
+"""Acting faults out: the engine-wide ones (``refused``, ``freeze``, ``hang``) and the ways a
+request hangs or is reset.
 
 Rule kept here: an engine-wide fault lasts its ``seconds`` or until the faults are cleared
 (``DELETE /admin/faults``), and clearing always brings the engine back: listening again, every
 frozen request and stream running on. Per-request faults wait in the :class:`FaultBook`, which
 the inference path draws from.
 
-Theory of operation: ``freeze`` is an :class:`anyio.Event` that requests wait on before they
-are served (:meth:`FaultActor.wait_thaw`, which gives up when the client leaves) and that
-running streams wait on between tokens (:meth:`FaultActor.pause_if_frozen`); thawing sets it.
+Theory of operation: ``freeze`` and ``hang`` are each an :class:`anyio.Event` that thawing sets.
+Every request but ``/admin`` waits on the freeze before it is served
+(:meth:`FaultActor.wait_thaw`, which gives up when the client leaves); an inference request
+waits on both before each step, its prefill or KV pull and each token
+(:meth:`FaultActor.wait_step`), so a hung engine still answers ``/health`` and opens streams but
+generates nothing, as the simulated engine does.
 ``refused`` pauses the HTTP port's :class:`~narwhal.emulator.listener.ListenerControl`. Faults
 given before the server runs (``--fault``) wait in :meth:`FaultActor.schedule` until the app's
 lifespan starts (:meth:`FaultActor.start`), since listeners and timers need the running loop.
@@ -37,12 +40,17 @@ class FaultActor:
         self.book = FaultBook()
         self.listener: ListenerControl | None = None  # the HTTP port's, set by the runner
         self._frozen: anyio.Event | None = None
+        self._hung: anyio.Event | None = None
         self._pending: list[FaultSpec] = []
         self._timers: set[asyncio.Task[None]] = set()
 
     @property
     def frozen(self) -> bool:
         return self._frozen is not None
+
+    @property
+    def hung(self) -> bool:
+        return self._hung is not None
 
     @property
     def listening(self) -> bool:
@@ -69,6 +77,9 @@ class FaultActor:
         if spec.kind == "freeze":
             if self._frozen is None:
                 self._frozen = anyio.Event()
+        elif spec.kind == "hang":
+            if self._hung is None:
+                self._hung = anyio.Event()
         elif self.listener is not None:  # refused
             self.listener.pause()
         if spec.seconds is not None:
@@ -81,9 +92,10 @@ class FaultActor:
 
     async def thaw(self) -> None:
         """End the engine-wide faults."""
-        if self._frozen is not None:
-            self._frozen.set()
-            self._frozen = None
+        for event in (self._frozen, self._hung):
+            if event is not None:
+                event.set()
+        self._frozen = self._hung = None
         if self.listener is not None:
             await self.listener.resume()
 
@@ -116,11 +128,11 @@ class FaultActor:
                 group.cancel_scope.cancel()
         return not scope.cancelled_caught
 
-    async def pause_if_frozen(self) -> None:
-        """Like SIGSTOP: a running stream stops too, until thawed."""
-        frozen = self._frozen
-        if frozen is not None:
-            await frozen.wait()
+    async def wait_step(self) -> None:
+        """No step runs while the engine is frozen (like SIGSTOP) or hung."""
+        for event in (self._frozen, self._hung):
+            if event is not None:
+                await event.wait()
 
     @staticmethod
     async def hang(seconds: float | None) -> None:

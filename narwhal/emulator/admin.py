@@ -1,16 +1,16 @@
 """The emulator's admin API: script faults while it runs, and read its state.
 
-Rule kept here: ``/admin`` answers on both ports and is never itself hit by a fault (``freeze``
-and ``refused`` spare it: ``refused`` closes the HTTP port only, so the side channel still takes
-``DELETE /admin/faults``); a fault body it cannot use is refused whole with HTTP 400 and the
-vocabulary's message (an old name names the new one), so nothing of it is applied.
+Rule kept here: ``/admin`` answers on both ports and is never itself hit by a fault (``freeze``,
+``hang`` and ``refused`` spare it: ``refused`` closes the HTTP port only, so the side channel
+still takes ``DELETE /admin/faults``); a fault body it cannot use is refused whole with HTTP 400
+and the vocabulary's message (an old name names the new one), so nothing of it is applied.
 
 Theory of operation:
 - ``POST /admin/faults``: one fault object or ``{"faults": [...], "replace": bool}``; with
   ``replace`` the per-request faults are forgotten first; engine-wide faults start at once.
 - ``DELETE /admin/faults``: every fault forgotten and every engine-wide fault ended.
 - ``GET /admin/faults``: the per-request faults; ``GET /admin/state``: the counters, the held /
-  pulled / released / expired handoffs, the faults and whether the engine is frozen or
+  pulled / released / expired handoffs, the faults and whether the engine is frozen, hung or
   listening (:func:`engine_state`).
 """
 
@@ -41,6 +41,7 @@ def engine_state(state: EngineState, actor: FaultActor) -> dict[str, Any]:
         "kv_expired": state.kv.expired,
         "faults": actor.book.snapshot(),
         "frozen": actor.frozen,
+        "hung": actor.hung,
         "listening": actor.listening,
     }
 

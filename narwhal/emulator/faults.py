@@ -12,7 +12,8 @@ request arrives; the phase of a request is ``prefill`` when it carries
 ``kv_transfer_params.do_remote_decode = true`` and ``decode`` otherwise, and a fault that acts on
 one leg only (the vocabulary's ``leg``) defaults to that phase. Engine-wide faults
 (:data:`ENGINE_KINDS`: ``refused`` stops listening, ``freeze`` hangs every endpoint like
-SIGSTOP) last ``seconds`` or until the faults are cleared; :mod:`narwhal.emulator.acting` acts
+SIGSTOP, ``hang`` stops every step while the endpoints still answer) last ``seconds`` or until
+the faults are cleared; :mod:`narwhal.emulator.acting` acts
 them out. Besides the fault's own parameters a spec takes ``count`` and ``phase``, the
 emulator's triggers.
 """
@@ -32,7 +33,7 @@ from narwhal.core.injected_faults import (
 )
 
 KINDS = names_in(EMULATOR)
-ENGINE_KINDS = frozenset({"refused", "freeze"})
+ENGINE_KINDS = frozenset({"refused", "freeze", "hang"})
 REQUEST_KINDS = KINDS - ENGINE_KINDS
 PHASES = ("any", "prefill", "decode")
 TRIGGERS = ("kind", "count", "phase")  # a spec's keys that are not the fault's parameters

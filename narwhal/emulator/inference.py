@@ -2,10 +2,10 @@
 that act on a request.
 
 Rule kept here: on the wire the emulator behaves as vLLM 0.32 does (FACTS.md sections 1-2) and
-every deviation is the request's scripted fault; every shape it writes (chunks, the usage
-chunk, error objects, ``[DONE]``, completion and prefill replies) comes from
-:mod:`narwhal.core.wire`, the tokens from :mod:`narwhal.emulator.text` and every duration from
-the configured :class:`~narwhal.emulator.timing.TimingModel`.
+every deviation is a scripted fault; every shape it writes (chunks, the usage chunk, error
+objects, ``[DONE]``, completion and prefill replies) comes from :mod:`narwhal.core.wire`, the
+tokens from :mod:`narwhal.emulator.text` and every duration from the configured
+:class:`~narwhal.emulator.timing.TimingModel`.
 
 Theory of operation: :meth:`Inference.handle` parses the request (a refusal is vLLM's 4xx
 JSON) and serves it. Before anything is sent, ``hang_headers`` hangs, ``reset`` resets the
@@ -15,9 +15,11 @@ chunk, the token chunks (the last one carries ``finish_reason``), the usage chun
 ``stream_options.include_usage`` and ``data: [DONE]``; an error after the headers is an in-band
 error event, then ``[DONE]``. The stream faults act after ``after_tokens`` tokens: ``stall``
 goes silent, ``disconnect`` ends the body without ``[DONE]``, ``early_done`` sends ``[DONE]``,
-``inband_error`` an error event. A whole reply acts them out as a non-streaming vLLM would
-show them: a hang, a reset, a truncated completion, an HTTP error. A prefill leg on a producer
-adds the KV handoff's ``kv_transfer_params`` (:mod:`narwhal.emulator.handoff`).
+``inband_error`` an error event. A whole reply acts them out as a non-streaming vLLM would show
+them: a hang, a reset, a truncated completion, an HTTP error. While the engine is hung or
+frozen no step runs: nothing is prefilled, pulled or generated
+(:meth:`~narwhal.emulator.acting.FaultActor.wait_step`). A prefill leg on a producer adds the
+KV handoff's ``kv_transfer_params`` (:mod:`narwhal.emulator.handoff`).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class Inference:
         state.counts["decodes"] += 1
         if fault is not None and kind == "hang_first_token":
             await self.actor.hang(fault.seconds)
+        await self.actor.wait_step()
         failure = await self.handoff.prepare(job)
         if failure is not None:
             await emit(wire.error_event(500, failure))
@@ -104,7 +107,7 @@ class Inference:
             if stop_at is not None and index == stop_at:
                 break
             await anyio.sleep(per_token)
-            await self.actor.pause_if_frozen()
+            await self.actor.wait_step()
             last = index == len(tokens) - 1
             await emit(writer.token_chunk(token, "length" if last else None))
             state.counts["generation_tokens"] += 1
@@ -129,6 +132,7 @@ class Inference:
             await self.actor.hang(fault.seconds)
         if kind == "disconnect":
             await self.actor.reset(send)
+        await self.actor.wait_step()
         failure = await self.handoff.prepare(job)
         if failure is not None:
             await error_reply(send, 500, failure)
