@@ -1,4 +1,4 @@
-"""An engine emulator that speaks vLLM's HTTP protocol (FACTS.md sections 1-2), with faults.
+"""An engine emulator that speaks vLLM 0.32's HTTP protocol, with scripted faults.
 
 A peer of the simulated engine (:mod:`narwhal.sim`): both are engines the router can be run
 against, one in real time over HTTP, one in simulated time; both act out the faults of

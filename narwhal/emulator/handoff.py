@@ -57,7 +57,7 @@ class Handoff:
     # ------------------------------------------------------------------ producer
 
     def produce(self, job: InferenceJob) -> dict[str, object]:
-        """Store the prompt's KV blocks and describe them (FACTS.md section 1)."""
+        """Store the prompt's KV blocks and describe them as a NixlConnector producer does."""
         state, config = self.state, self.state.config
         state.counts["prefills"] += 1
         remote_id = f"{job.response_id}-0-{state.rng.getrandbits(32):08x}"

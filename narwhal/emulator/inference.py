@@ -1,10 +1,10 @@
 """The inference paths of an emulated engine: a streamed reply or a whole one, and the faults
 that act on a request.
 
-Rule kept here: on the wire the emulator behaves as vLLM 0.32 does (FACTS.md sections 1-2) and
-every deviation is a scripted fault; every shape it writes (chunks, the usage chunk, error
-objects, ``[DONE]``, completion and prefill replies) comes from :mod:`narwhal.core.wire`, the
-tokens from :mod:`narwhal.emulator.text` and every duration from the configured
+Rule kept here: on the wire the emulator behaves as vLLM 0.32's OpenAI server does and every
+deviation is a scripted fault; every shape it writes (chunks, the usage chunk, error objects,
+``[DONE]``, completion and prefill replies) comes from :mod:`narwhal.core.wire`, the tokens from
+:mod:`narwhal.emulator.text` and every duration from the configured
 :class:`~narwhal.emulator.timing.TimingModel`.
 
 Theory of operation: :meth:`Inference.handle` parses the request (a refusal is vLLM's 4xx
@@ -28,14 +28,13 @@ import anyio
 from starlette.types import Scope, Send
 
 from narwhal.core import wire
+from narwhal.core.injected_faults import STREAM_FAULTS
 from narwhal.emulator.acting import FaultActor
 from narwhal.emulator.asgi import SSE_HEADERS, bytes_reply, error_reply
 from narwhal.emulator.handoff import Handoff
 from narwhal.emulator.request import InferenceJob, Rejected, parse_job
 from narwhal.emulator.state import EngineState
 from narwhal.emulator.text import completion_tokens
-
-STOPPING_FAULTS = ("stall", "disconnect", "inband_error", "early_done")  # act after some tokens
 
 
 class Inference:
@@ -102,7 +101,7 @@ class Inference:
             await emit(writer.role_chunk())
         tokens = completion_tokens(job.prompt, job.max_tokens)
         per_token = self._per_token_s(job)
-        stop_at = fault.after_tokens if fault is not None and kind in STOPPING_FAULTS else None
+        stop_at = fault.after_tokens if fault is not None and kind in STREAM_FAULTS else None
         for index, token in enumerate(tokens):
             if stop_at is not None and index == stop_at:
                 break

@@ -11,7 +11,7 @@ messages, ``max_tokens`` (``max_completion_tokens`` first; default 16) and two o
 request checks (``stream_options`` without ``stream``, ``min_tokens`` over ``max_tokens``), so
 a router that forwards what it should drop from the one-token prefill leg fails here as it would
 there. A prompt that leaves no room for one token is refused; one whose ``max_tokens`` overruns
-the context is clamped (FACTS.md 2). ``X-Request-Id`` names the response id; the phase whose
+the context is clamped, as vLLM does. ``X-Request-Id`` names the response id; the phase whose
 fault is drawn is ``prefill`` for a request with ``do_remote_decode`` and ``decode`` otherwise.
 """
 
