@@ -130,7 +130,8 @@ FAULTS: tuple[InjectedFault, ...] = (
     ),
     InjectedFault(
         "kv_transfer_fail",
-        "the consumer's KV pull fails (it then follows its kv_load_failure_policy)",
+        "a KV pull fails (simulator: pulls to or from the engine; emulator: the engine's own "
+        "pulls as a consumer), and the consumer follows its kv_load_failure_policy",
         _both(),
         old_names=("kv_fetch_fail",),
         leg="decode",
