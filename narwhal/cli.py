@@ -18,6 +18,7 @@ from collections.abc import Sequence
 COMMAND_MODULES = (
     "narwhal.sim.commands",
     "narwhal.live.commands",
+    "narwhal.emulator.commands",
     "narwhal.experiments.commands",
     "narwhal.vllm.commands",
 )

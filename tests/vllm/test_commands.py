@@ -21,7 +21,7 @@ import pytest
 
 from narwhal.cli import build_parser, main
 from narwhal.core.config import parse_config
-from narwhal.live.emulator.timing import LinearTiming
+from narwhal.emulator.timing import LinearTiming
 from narwhal.sim.scenario import parse_scenario
 from narwhal.vllm import calibrate, commands
 from narwhal.vllm.tiny_model import STAMP, stamp_for

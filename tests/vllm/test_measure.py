@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from narwhal.core.sse import SseParser
-from narwhal.live.emulator.timing import LinearTiming
+from narwhal.emulator.timing import LinearTiming
 from narwhal.vllm.measure import StreamMarks, steady_step_s, time_batch, time_handoff
 from tests.live.conftest import Emulator, Servers, start_emulator
 
@@ -63,12 +63,12 @@ def test_time_batch_sends_prompts_of_the_asked_length(running: Servers) -> None:
     engine = start_emulator(running, timing=TIMING)
     computed: list[int] = []
     for length in (24, 600):
-        before = engine.app.counts["local_tokens"]
+        before = engine.app.engine.counts["local_tokens"]
         sample = asyncio.run(
             time_batch(engine.url, "tiny-llama", 2, 5, random.Random(0), prompt_length=length)
         )
         assert sample.batch == 2 and sample.step_s > 0
-        computed.append(engine.app.counts["local_tokens"] - before)
+        computed.append(engine.app.engine.counts["local_tokens"] - before)
     assert computed[1] > 10 * computed[0] > 0
 
 
@@ -89,6 +89,6 @@ def test_time_handoff_times_both_legs_of_a_real_handoff(running: Servers) -> Non
 
 def test_an_in_band_error_fails_the_handoff_instead_of_being_timed(running: Servers) -> None:
     producer, consumer = emulated_pair(running)
-    consumer.faults({"kind": "inband_error", "after": 2, "code": 500})
+    consumer.faults({"kind": "inband_error", "after_tokens": 2, "code": 500})
     with httpx.Client(timeout=10) as http, pytest.raises(RuntimeError, match="stream error"):
         time_handoff(http, producer.url, consumer.url, "x" * 40, "tiny-llama", 6)
