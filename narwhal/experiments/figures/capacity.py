@@ -1,6 +1,6 @@
 """The ``capacity`` recipe: goodput against fleet size, one line per prefill:decode ratio.
 
-Rule kept here: goodput and SLO attainment are DistServe's (FACTS.md section 6; a request is on
+Rule kept here: goodput and SLO attainment are DistServe's (docs/experiments.md; a request is on
 time when it succeeded with ``first_byte_s <= slo_ttft_s`` and TPOT ``<= slo_tpot_s``;
 goodput is the highest rate with >= 90% on time), computed per replicate from the point's rate
 curve by :func:`narwhal.experiments.aggregate.goodput` and averaged. The faults stay on while

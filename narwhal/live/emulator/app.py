@@ -1,6 +1,6 @@
 """The engine emulator: a raw ASGI app that speaks vLLM's HTTP protocol, with scripted faults.
 
-Rule kept here: on the wire the emulator behaves as vLLM 0.32 does (FACTS.md sections 1-2), and
+Rule kept here: on the wire the emulator behaves as vLLM 0.32 does (docs/contract.md), and
 every deviation is a scripted fault; what it generates is deterministic
 (:mod:`narwhal.live.emulator.text`) and how long it takes comes from a
 :class:`~narwhal.live.emulator.timing.TimingModel`.
@@ -15,7 +15,7 @@ Theory of operation:
   (``chatcmpl-<id>`` for chat).
 - Prefill leg (``kv_transfer_params.do_remote_decode = true`` on an engine that can produce):
   the KV blocks are stored (:mod:`narwhal.live.emulator.kv`) and the response carries the NIXL
-  descriptor of FACTS.md section 1; ``remote_host``/``remote_port`` are the emulator's KV side
+  descriptor vLLM's NixlConnector sends; ``remote_host``/``remote_port`` are the emulator's KV side
   channel. A decode-only engine ignores the request for a remote decode (no descriptor).
 - Decode leg (``do_remote_prefill = true``): the engine really fetches the blocks with
   ``GET http://<remote_host>:<remote_port>/kv/blocks/<remote_request_id>?engine_id=...`` and
@@ -360,7 +360,7 @@ class EmulatorApp:
                 f"length of {limit}.",
                 "prompt",
             )
-        # a prompt + max_tokens over the context is clamped, not rejected (FACTS.md 2)
+        # a prompt + max_tokens over the context is clamped, not rejected (as vLLM does)
         max_tokens = min(max_tokens, limit - prompt_length)
         headers = Headers(scope=scope)
         request_id = headers.get("x-request-id") or uuid.UUID(int=self._rng.getrandbits(128)).hex
@@ -623,7 +623,7 @@ class EmulatorApp:
         return True
 
     def _produce(self, job: _Job) -> dict[str, Any]:
-        """Store the prompt's KV blocks and describe them (FACTS.md section 1)."""
+        """Store the prompt's KV blocks and describe them (as a NixlConnector producer does)."""
         self.counts["prefills"] += 1
         remote_id = f"{job.response_id}-0-{self._rng.getrandbits(32):08x}"
         entry = self.kv.put(remote_id, job.prompt_tokens, digest(job.prompt))
