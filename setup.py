@@ -2,10 +2,12 @@
 
 Why: a capacity-planning sweep runs the simulator millions of times per request-second it
 plans, so the hot modules (the core's request path and the simulated engine and its driver)
-are compiled to C from the same typed sources, about 1.5x faster. Nothing changes in what
-they do: CI runs the default test suite against the compiled build and checks that
-``narwhal simulate`` writes byte-identical results with it. A plain ``pip install`` (editable
-or not) stays pure Python, so an edited source is always the code that runs.
+are compiled to C from the same typed sources: about 2.6 times fewer instructions per simulated
+request (``benchmarks/sim_instructions.py``), 2.5-3 times the requests per second (see
+docs/simulator.md, Speed). Nothing changes in what they do: CI runs the default test suite
+against the compiled build and checks that ``narwhal simulate`` writes byte-identical results
+with it. A plain ``pip install`` (editable or not) stays pure Python, so an edited source is
+always the code that runs.
 
     python3 -m venv .venv-compiled
     .venv-compiled/bin/pip install setuptools wheel 'mypy>=1.10,<2'

@@ -52,7 +52,7 @@ from narwhal.sim.scenario import Scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
-PUBLISHED = (160.0, 670.0)  # simulated requests per second of published simulators (FACTS.md 6)
+PUBLISHED = (160.0, 670.0)  # Vidur ~159, DistServe's ~530, SplitwiseSim ~665 req/s (10k requests)
 TARGET = 5000.0
 METRIC = "per_wall_s"  # what the figure shows (one core: the process uses one at a time)
 

@@ -1,6 +1,6 @@
 """Narwhal's configuration: one pydantic model, validated from a mapping (as TOML gives it).
 
-Rule kept here: the key names are part of the interface (DESIGN.md) and unknown keys are refused,
+Rule kept here: the key names are part of the interface (README) and unknown keys are refused,
 so a typo never silently falls back to a default. Every refusal names the key and the reason.
 
 Theory of operation: :func:`parse_config` validates a mapping (reading the file is the
@@ -134,7 +134,7 @@ class EngineEntry(_Strict):
 
 
 class NarwhalConfig(_Strict):
-    """The whole configuration. Defaults are the documented ones (README, DESIGN.md)."""
+    """The whole configuration. Defaults are the documented ones (README)."""
 
     engine: EngineSettings = EngineSettings()
     recovery: RecoverySettings = RecoverySettings()

@@ -17,7 +17,7 @@ unterminated event, as the specification says, and :attr:`SseParser.pending` tel
 was one (a truncated stream).
 
 :func:`classify` turns one event's data into a kind the router acts on (vLLM's shapes, see
-FACTS.md section 2): ``[DONE]`` ends the stream; a JSON object with a truthy ``error`` key, or
+docs/contract.md): ``[DONE]`` ends the stream; a JSON object with a truthy ``error`` key, or
 ``"object": "error"``, is an in-band error (the status to report is its ``code`` when that is an
 HTTP error code, else 502); a completions choice with non-empty ``text`` or a chat delta with
 non-empty ``content``, ``reasoning_content``, ``reasoning``, ``tool_calls`` or ``function_call`` is

@@ -10,7 +10,7 @@ decision (and a bounded memory, since a router runs for weeks). :class:`RouterMe
 private ``CollectorRegistry``: counters and histograms are fed by :meth:`on_record` and
 :meth:`on_decision`; gauges of the fleet (engine state, failure streak, reservations in flight)
 are collected at scrape time from the breaker and the placement. :func:`status_document` builds
-``GET /status`` (DESIGN.md, "Real components"), converting monotonic times to the epoch.
+``GET /status`` (the shape docs/live.md documents), converting monotonic times to the epoch.
 """
 
 from __future__ import annotations

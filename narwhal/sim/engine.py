@@ -1,6 +1,6 @@
 """A simulated vLLM engine: continuous batching over KV-cache blocks, one SimPy event per step.
 
-Rule kept here: an engine speaks vLLM's protocol byte for byte (FACTS.md sections 1-2: the
+Rule kept here: an engine speaks vLLM's protocol byte for byte (docs/contract.md: the
 prefill reply is a JSON body carrying NixlConnector ``kv_transfer_params``; a decode stream is
 SSE ``data: {...}`` chunks ending with ``data: [DONE]``), so the router's real parsers and
 validators run against it. Its behaviour is engine behaviour only: it never decides anything
@@ -188,7 +188,7 @@ class _Handoff:
 
 
 def _prompt_tokens(body: dict[str, Any]) -> int | None:
-    """The simulator's tokenizer: one token per character (FACTS.md 3), or per listed id."""
+    """The simulator's tokenizer: one token per character (as the tiny test model), or per id."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return len(prompt) + 1

@@ -9,7 +9,7 @@ arrival (prompt and output tokens) and given a TPOT: ``(finished_s - first_byte_
 (delivered_tokens - 1)`` for a completed stream, where ``delivered_tokens`` is what the engine
 sent before ``[DONE]`` (``max_tokens``, or fewer after an early ``[DONE]``). An arrival with no
 record (the run stopped at ``sim.max_sim_s`` first) is a row with outcome ``unfinished``. The
-summary follows DistServe's definitions (FACTS.md section 6): a request is on time when it
+summary follows DistServe's definitions (Zhong et al., OSDI 2024): a request is on time when it
 succeeded, its time to first token seen by the client (``first_byte_s``) is at most
 ``sim.slo_ttft_s`` and its TPOT at most ``sim.slo_tpot_s``; SLO attainment is the share of
 requests on time. DistServe's goodput is the highest request rate whose attainment is at least

@@ -15,7 +15,7 @@ attention is causal and compute-bound: a chunk of C new tokens after K cached on
 ``C*K + C*C/2`` query-key pairs, weighted by ``a``. The fit picks W by a grid search and, for
 each W, solves b, c, h, a by least squares on the points above the floor (iterated until the
 split is stable). :func:`fit_report` states the fit error against every profile point; the
-model without ``a`` (the plain form of FACTS.md section 6) is reported too, for comparison.
+model without ``a`` (the usual closed form for GEMM profiles) is reported too, for comparison.
 
 :class:`LinearStepTiming` is the alternative for ``[fleet] timing = "linear"``: the live engine
 emulator's linear model (no fit, no batching effects), so a simulated fleet and an emulated one

@@ -25,8 +25,8 @@ NIXL = "NixlConnector"
 MOONCAKE = "MooncakeConnector"
 R = DescriptorReason
 
-# The producer response of FACTS.md section 1, verbatim.
-FACTS_NIXL_EXAMPLE: dict[str, Any] = {
+# A producer response as vLLM 0.32.0's NixlConnector sends it, verbatim.
+VLLM_NIXL_EXAMPLE: dict[str, Any] = {
     "do_remote_prefill": True,
     "do_remote_decode": False,
     "remote_block_ids": [[1, 2, 3]],
@@ -378,23 +378,23 @@ def test_any_single_corruption_is_rejected_with_its_reason(
 # Explicit examples
 
 
-def test_facts_nixl_example_validates() -> None:
-    result = validate_descriptor(FACTS_NIXL_EXAMPLE, NIXL, "127.0.0.1:5559")
-    assert result == FACTS_NIXL_EXAMPLE
-    assert result is not FACTS_NIXL_EXAMPLE
-    assert result["remote_block_ids"] is not FACTS_NIXL_EXAMPLE["remote_block_ids"]
+def test_vllms_nixl_example_validates() -> None:
+    result = validate_descriptor(VLLM_NIXL_EXAMPLE, NIXL, "127.0.0.1:5559")
+    assert result == VLLM_NIXL_EXAMPLE
+    assert result is not VLLM_NIXL_EXAMPLE
+    assert result["remote_block_ids"] is not VLLM_NIXL_EXAMPLE["remote_block_ids"]
     assert type(result["remote_port"]) is int
     assert side_channel_of(result, NIXL) == "127.0.0.1:5559"
 
 
 def test_localhost_is_not_127_0_0_1() -> None:
     with pytest.raises(DescriptorError) as info:
-        validate_descriptor(FACTS_NIXL_EXAMPLE, NIXL, "localhost:5559")
+        validate_descriptor(VLLM_NIXL_EXAMPLE, NIXL, "localhost:5559")
     assert info.value.reason is R.SIDE_CHANNEL_MISMATCH
     assert "localhost:5559" in info.value.detail  # what was pinned
     assert "127.0.0.1:5559" in info.value.detail  # what was found
 
-    defaulted = {**FACTS_NIXL_EXAMPLE, "remote_host": "localhost"}
+    defaulted = {**VLLM_NIXL_EXAMPLE, "remote_host": "localhost"}
     with pytest.raises(DescriptorError) as info:
         validate_descriptor(defaulted, NIXL, "127.0.0.1:5559")
     assert info.value.reason is R.SIDE_CHANNEL_MISMATCH
@@ -402,7 +402,7 @@ def test_localhost_is_not_127_0_0_1() -> None:
 
 
 def test_pinning_compares_host_case_insensitively_and_port_as_int() -> None:
-    d = {**FACTS_NIXL_EXAMPLE, "remote_host": "Prefill-0.Local"}
+    d = {**VLLM_NIXL_EXAMPLE, "remote_host": "Prefill-0.Local"}
     assert validate_descriptor(d, NIXL, "prefill-0.local:05559") == d
     with pytest.raises(DescriptorError) as info:
         validate_descriptor(d, NIXL, "prefill-0.local:5600")
@@ -411,24 +411,24 @@ def test_pinning_compares_host_case_insensitively_and_port_as_int() -> None:
 
 def test_unparseable_pin_is_a_configuration_error() -> None:
     with pytest.raises(ValueError) as info:
-        validate_descriptor(FACTS_NIXL_EXAMPLE, NIXL, "127.0.0.1")
+        validate_descriptor(VLLM_NIXL_EXAMPLE, NIXL, "127.0.0.1")
     assert not isinstance(info.value, DescriptorError)
 
 
 def test_empty_block_ids_are_valid() -> None:
     cases: list[list[Any]] = [[], [[]], [[], [4, 5]]]
     for ids in cases:
-        d = {**FACTS_NIXL_EXAMPLE, "remote_block_ids": ids}
+        d = {**VLLM_NIXL_EXAMPLE, "remote_block_ids": ids}
         assert validate_descriptor(d, NIXL) == d
 
 
 def test_flat_block_ids_and_dp_suffix_are_valid() -> None:
-    d = {**FACTS_NIXL_EXAMPLE, "remote_block_ids": [0, 1, 2], "remote_engine_id": "abc_dp1"}
+    d = {**VLLM_NIXL_EXAMPLE, "remote_block_ids": [0, 1, 2], "remote_engine_id": "abc_dp1"}
     assert validate_descriptor(d, NIXL) == d
 
 
 def test_bool_block_id_is_rejected() -> None:
-    d = {**FACTS_NIXL_EXAMPLE, "remote_block_ids": [[1, True]]}
+    d = {**VLLM_NIXL_EXAMPLE, "remote_block_ids": [[1, True]]}
     with pytest.raises(DescriptorError) as info:
         validate_descriptor(d, NIXL)
     assert info.value.reason is R.MALFORMED_BLOCK_IDS
@@ -436,7 +436,7 @@ def test_bool_block_id_is_rejected() -> None:
 
 
 def test_push_mode_needs_no_block_ids() -> None:
-    push = {k: v for k, v in FACTS_NIXL_EXAMPLE.items() if k != "remote_block_ids"}
+    push = {k: v for k, v in VLLM_NIXL_EXAMPLE.items() if k != "remote_block_ids"}
     push["transfer_mode"] = "push"
     assert validate_descriptor(push, NIXL, "127.0.0.1:5559") == push
     assert validate_descriptor({**push, "remote_block_ids": None}, NIXL)["remote_block_ids"] is None
@@ -461,7 +461,7 @@ def test_mooncake_example_validates() -> None:
 
 
 def test_shapes_of_the_other_connector_mismatch() -> None:
-    for params, connector in ((MOONCAKE_EXAMPLE, NIXL), (FACTS_NIXL_EXAMPLE, MOONCAKE)):
+    for params, connector in ((MOONCAKE_EXAMPLE, NIXL), (VLLM_NIXL_EXAMPLE, MOONCAKE)):
         with pytest.raises(DescriptorError) as info:
             validate_descriptor(params, connector)
         assert info.value.reason is R.CONNECTOR_MISMATCH
@@ -477,18 +477,18 @@ def test_shapes_of_the_other_connector_mismatch() -> None:
 
 def test_unknown_connector() -> None:
     with pytest.raises(DescriptorError) as info:
-        validate_descriptor(FACTS_NIXL_EXAMPLE, "LMCacheConnectorV1")
+        validate_descriptor(VLLM_NIXL_EXAMPLE, "LMCacheConnectorV1")
     assert info.value.reason is R.UNKNOWN_CONNECTOR
     assert "LMCacheConnectorV1" in info.value.detail
     with pytest.raises(DescriptorError) as info:
         prefill_kv_params("P2pNcclConnector")
     assert info.value.reason is R.UNKNOWN_CONNECTOR
     with pytest.raises(DescriptorError) as info:
-        side_channel_of(FACTS_NIXL_EXAMPLE, "nixl")
+        side_channel_of(VLLM_NIXL_EXAMPLE, "nixl")
     assert info.value.reason is R.UNKNOWN_CONNECTOR
 
 
-@pytest.mark.parametrize("params", [None, [], "kv", 0, ("a", 1), [FACTS_NIXL_EXAMPLE]])
+@pytest.mark.parametrize("params", [None, [], "kv", 0, ("a", 1), [VLLM_NIXL_EXAMPLE]])
 def test_non_dict_is_not_an_object(params: object) -> None:
     for connector in (*KNOWN_CONNECTORS, "Unknown"):
         with pytest.raises(DescriptorError) as info:
@@ -497,18 +497,18 @@ def test_non_dict_is_not_an_object(params: object) -> None:
 
 
 def test_check_order_identity_before_block_ids() -> None:
-    d = {**FACTS_NIXL_EXAMPLE, "remote_engine_id": "", "remote_block_ids": "bad"}
+    d = {**VLLM_NIXL_EXAMPLE, "remote_engine_id": "", "remote_block_ids": "bad"}
     with pytest.raises(DescriptorError) as info:
         validate_descriptor(d, NIXL, "localhost:1")
     assert info.value.reason is R.MISSING_ENGINE_IDENTITY
-    d = {**FACTS_NIXL_EXAMPLE, "remote_block_ids": "bad"}
+    d = {**VLLM_NIXL_EXAMPLE, "remote_block_ids": "bad"}
     with pytest.raises(DescriptorError) as info:
         validate_descriptor(d, NIXL, "localhost:1")
     assert info.value.reason is R.MALFORMED_BLOCK_IDS
 
 
 def test_detail_never_dumps_huge_values() -> None:
-    huge = {**FACTS_NIXL_EXAMPLE, "remote_block_ids": "x" * 100_000}
+    huge = {**VLLM_NIXL_EXAMPLE, "remote_block_ids": "x" * 100_000}
     with pytest.raises(DescriptorError) as info:
         validate_descriptor(huge, NIXL)
     assert "remote_block_ids" in info.value.detail and "str" in info.value.detail
@@ -524,7 +524,7 @@ def test_error_is_a_value_error_and_pickles() -> None:
 
 
 def test_opaque_values_keep_their_types() -> None:
-    d = {**FACTS_NIXL_EXAMPLE, "x_big": 2**70, "x_float": 1.0, "x_nested": {"a": [1, None]}}
+    d = {**VLLM_NIXL_EXAMPLE, "x_big": 2**70, "x_float": 1.0, "x_nested": {"a": [1, None]}}
     result = validate_descriptor(d, NIXL)
     assert type(result["x_big"]) is int and result["x_big"] == 2**70
     assert type(result["x_float"]) is float

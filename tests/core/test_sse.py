@@ -21,7 +21,7 @@ from narwhal.core.sse import (
 )
 
 # ---------------------------------------------------------------- realistic vLLM chunks
-# Shapes as vLLM 0.32.0 sends them (FACTS.md section 2); compact separators as in vLLM's
+# Shapes as vLLM 0.32.0 sends them (docs/contract.md); compact separators as in vLLM's
 # pydantic model_dump_json, json.dumps spacing for the in-band error.
 
 COMPLETION_TOKEN = (

@@ -168,8 +168,8 @@ def test_the_router_starts_whatever_shape_an_engine_lists_its_models_in(
 def test_a_request_over_the_engines_context_is_clamped_and_blocks_nothing(
     router: Callable[..., RouterHandle], pair: list[dict[str, Any]]
 ) -> None:
-    # FACTS.md 2: vLLM clamps prompt + max_tokens to its context; the emulator used to build all
-    # 10**20 tokens first (minutes), and then to refuse such requests
+    # vLLM clamps prompt + max_tokens to its context, and so must the emulator: building all
+    # 10**20 tokens would take minutes, and refusing the request is not what vLLM does
     handle = router(pair)
     url = handle.url + "/v1/completions"
     prompt = "p" * 2040  # 2,041 tokens of a 2,048 context: room for 7

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 
@@ -54,7 +55,14 @@ def test_leaving_the_client_closes_its_pool(emulator: Callable[..., Emulator]) -
             result = await prefill.prefill(body)
             async for _ in decode.decode(result, body):
                 pass
-            await anyio.sleep(0.05)  # the scheduled stream close returns the connection
+            # The stream's close runs in the background and hands the connection back to
+            # the decode client's pool (httpx internals, read-only): wait for that, bounded.
+            pool: Any = decode._transport.client._transport._pool
+            returned = time.monotonic() + 5.0
+            while time.monotonic() < returned and not (
+                pool.connections and all(c.is_idle() for c in pool.connections)
+            ):
+                await anyio.sleep(0.01)
             held = [connections(producer), connections(consumer)]
         # The clients still exist, so only closing them can drop the connections before the
         # engines' own keep-alive timeout (5 s) would.

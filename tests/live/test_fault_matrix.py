@@ -163,6 +163,11 @@ def test_fault_before_commit_is_an_http_error(
         assert engine["reservations"] == {"prefill": 0, "decode": 0}
 
 
+def answered_a_request(engine: Emulator) -> bool:
+    """The engine's server has sent a whole response (uvicorn counts a request at its end)."""
+    return engine.server.server.server_state.total_requests > 0
+
+
 def test_refused_producer_is_502(
     emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
 ) -> None:
@@ -172,7 +177,9 @@ def test_refused_producer_is_502(
         [{"url": producer.url, "role": "prefill"}, {"url": consumer.url, "role": "decode"}],
         recovery={"probe_interval_s": 60.0},
     )
-    time.sleep(0.2)  # let the startup health checks pass
+    # The router health-checks every engine once at start (then every 60 s). Stopping the
+    # producer before it has answered would fail that check and eject it: a 503, not the 502.
+    handle.wait_for(lambda: answered_a_request(producer))
     producer.server.stop()
     with pytest.raises(openai.APIStatusError) as caught:
         stream_tokens(handle.client())

@@ -23,12 +23,17 @@ def pooled_connections(transport: HttpxTransport) -> int:
     return len(pool.connections)
 
 
+async def until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
+    """Wait (bounded) for ``condition``; the assertions after it judge the outcome."""
+    with anyio.move_on_after(limit_s):
+        while not condition():
+            await anyio.sleep(0.01)
+
+
 async def settled(transport: HttpxTransport, limit_s: float = 5.0) -> None:
     """Wait (bounded) until no pooled connection is still busy with a scheduled close."""
     pool: Any = transport.client._transport._pool
-    with anyio.move_on_after(limit_s):
-        while not all(connection.is_idle() for connection in pool.connections):
-            await anyio.sleep(0.01)
+    await until(lambda: all(connection.is_idle() for connection in pool.connections), limit_s)
 
 
 async def read_to_done(transport: HttpxTransport, clock: AnyioClock, url: str) -> None:
@@ -68,7 +73,8 @@ def test_abandoned_stream_drops_its_connection(emulator: Callable[..., Emulator]
             )
             assert isinstance(opened, StreamOpened)
             transport.close_stream(opened.handle)
-            await anyio.sleep(0.15)  # past the bounded drain
+            # The close runs in the background: a bounded drain of the hung body, then close.
+            await until(lambda: opened.handle.response.is_closed)
             await settled(transport)
             return pooled_connections(transport)
 
@@ -220,7 +226,9 @@ def test_a_cancelled_open_closes_the_stream_it_was_reading(servers: Servers) -> 
         async with HttpxTransport(clock) as transport:
             with anyio.move_on_after(0.3):  # the client leaves while the error body is read
                 await transport.open_stream(url, "/v1/completions", BODY, {}, clock.now() + 20)
-            await anyio.sleep(0.15)  # past the bounded drain
+            # Closing the unfinished error body runs in the background (a bounded drain);
+            # its connection leaves the pool when that close is done.
+            await until(lambda: pooled_connections(transport) == 0)
             await settled(transport)
             return len(transport._open), pooled_connections(transport)
 

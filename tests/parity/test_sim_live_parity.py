@@ -1,6 +1,6 @@
 """Sim-versus-live parity: one scenario, two worlds, the same decision log.
 
-DESIGN.md ("The one rule of the architecture") and issue 4 item 6: one scenario (fleet,
+The architecture's one rule (docs/contract.md, section 14): one scenario (fleet,
 workload, deterministic fault schedule) run through the simulator and through the live router
 against HTTP engine emulators gives the same decision log, and timings that agree within a
 tolerance stated here.
