@@ -39,8 +39,8 @@ from typing import Literal, get_args
 import simpy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from narwhal.sim import engine
-from narwhal.sim.engine import SimEngine
+from narwhal.sim.gpu import switches
+from narwhal.sim.gpu.engine import SimEngine
 
 FaultKindName = Literal[
     "crash",
@@ -58,7 +58,7 @@ FaultKindName = Literal[
 ]
 ENGINE_FAULTS = frozenset({"crash", "hang", "slow"})  # switch the whole engine
 REQUEST_FAULTS = frozenset(get_args(FaultKindName)) - ENGINE_FAULTS  # act per request
-STREAM_FAULTS = frozenset(engine.STREAM_FAULTS)  # act on decode streams (the engine's list)
+STREAM_FAULTS = frozenset(switches.STREAM_FAULTS)  # act on decode streams (the engine's list)
 PRODUCER_FAULTS = frozenset({"release_handoff", "bad_descriptor"})  # prefill replies
 # the roles whose engines can act a kind out (a prefill-only engine serves no stream, ...)
 _ABLE = {"prefill": ("prefill", "both"), "decode": ("decode", "both")}

@@ -34,8 +34,9 @@ from narwhal.core.probe import maintenance_loop
 from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.requests import CHAT, COMPLETIONS, ClientRequest
 from narwhal.sim.driver import SINK, make_ports, start
-from narwhal.sim.engine import SimEngine
 from narwhal.sim.faults import FaultWindow, expand, install
+from narwhal.sim.gpu.engine import SimEngine
+from narwhal.sim.gpu.handoffs import Registry
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.scenario import Scenario
 from narwhal.sim.timing import LinearStepTiming
@@ -123,7 +124,7 @@ def run(
     def on_state(engine: SimEngine, state: str) -> None:
         conditions.append({"t": float(env.now), "engine": engine.url, "condition": state})
 
-    registry: dict[str, SimEngine] = {}
+    registry: Registry = {}
     engines: dict[str, SimEngine] = {}
     for index, entry in enumerate(config.engines):
         rng = random.Random(f"{engine_seed}/{entry.url}")
@@ -215,10 +216,10 @@ def run(
     totals = {
         url: {
             "role": roles[url],
-            "steps": e.steps,
-            "busy_s": e.busy_s,
-            "preemptions": e.preemptions,
-            "tokens_out": e.tokens_out,
+            "steps": e.totals.steps,
+            "busy_s": e.totals.busy_s,
+            "preemptions": e.totals.preemptions,
+            "tokens_out": e.totals.tokens_out,
             "times_ejected": policies.breaker.health(url).times_ejected,
         }
         for url, e in engines.items()
@@ -234,7 +235,7 @@ def run(
         decisions=[d.as_dict() for d in log.entries],
         engines=totals,
         sim_end_s=end,
-        delivered={rid: n for e in engines.values() for rid, n in e.delivered.items()},
+        delivered={rid: n for e in engines.values() for rid, n in e.totals.delivered.items()},
         wall_s=time.perf_counter() - wall_start,
         policy_seed=policy_seed,
     )

@@ -30,8 +30,8 @@ from narwhal.core.config import (
     read_toml,
     validation_problems,
 )
-from narwhal.sim.engine import EngineParams
 from narwhal.sim.faults import FaultSpec, targets
+from narwhal.sim.gpu.params import EngineParams
 from narwhal.sim.timing import (
     LinearStepTiming,
     StepTiming,
