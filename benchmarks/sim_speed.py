@@ -129,7 +129,7 @@ def scenario_for(
 
 def build() -> str:
     """Which build of narwhal this interpreter runs: "compiled" (mypyc) or "pure"."""
-    engine = importlib.import_module("narwhal.sim.engine")
+    engine = importlib.import_module("narwhal.sim.gpu.engine")
     return "compiled" if str(engine.__file__).endswith(".so") else "pure"
 
 
