@@ -37,7 +37,7 @@ from narwhal.sim.gpu.handoffs import Handoffs, Registry
 from narwhal.sim.gpu.output import StreamWriter
 from narwhal.sim.gpu.params import EngineParams
 from narwhal.sim.gpu.scheduler import Chunks, Scheduler
-from narwhal.sim.gpu.sequence import Ending, Resumer, Seq, SeqState, SimStream
+from narwhal.sim.gpu.sequence import EOF, FINISHED, RESET, Resumer, Seq, SimStream
 from narwhal.sim.gpu.switches import STREAM_FAULTS, FaultSwitches
 from narwhal.sim.gpu.totals import EngineTotals
 from narwhal.sim.kvnet import KvNetwork
@@ -273,7 +273,7 @@ class SimEngine:
         if stream.seq is not None:
             self.abort(stream.seq)
         if stream.ended is None:
-            stream.ended = Ending.EOF
+            stream.ended = EOF
 
     def release_handoff(self, descriptor: dict[str, Any]) -> None:
         self.handoffs.release(descriptor)
@@ -287,12 +287,12 @@ class SimEngine:
         replies: list[tuple[Resumer, object]] = []
         self._start_process()
         for seq in seqs:
-            seq.state = SeqState.FINISHED
+            seq.state = FINISHED
             seq.run += 1
             if seq.reply is not None:
                 replies.append((seq.reply, ConnectFailed("reset")))
             if seq.stream is not None:
-                seq.stream.ended = Ending.RESET
+                seq.stream.ended = RESET
                 self.writer.wake.append(seq.stream)
         self.on_state(self, "crashed")
         self._flush(replies)

@@ -19,7 +19,7 @@ woken together by :meth:`flush` at its end.
 from __future__ import annotations
 
 from narwhal.sim.gpu import wire
-from narwhal.sim.gpu.sequence import Ending, Seq, SimStream, take_chunk
+from narwhal.sim.gpu.sequence import EOF, Seq, SimStream, take_chunk
 from narwhal.sim.gpu.totals import EngineTotals
 
 
@@ -54,7 +54,7 @@ class StreamWriter:
         if final:
             self.totals.delivered[seq.rid] = seq.emitted
             stream.buffer.append((now, wire.DONE))
-            stream.ended = Ending.EOF
+            stream.ended = EOF
         if stream.waiter is not None and (final or first or not self.coalesce_reads):
             self.wake.append(stream)
         return None
@@ -75,11 +75,11 @@ class StreamWriter:
         if kind == "early_done":
             self.totals.delivered[seq.rid] = seq.emitted
             stream.buffer.append((now, wire.DONE))
-            stream.ended = Ending.EOF
+            stream.ended = EOF
         elif kind == "inband_error":
             self.send_error(stream, now)
         else:  # disconnect: the connection closes before [DONE]
-            stream.ended = Ending.EOF
+            stream.ended = EOF
         if stream.waiter is not None:
             self.wake.append(stream)
         return kind
@@ -88,7 +88,7 @@ class StreamWriter:
         """End ``stream`` with vLLM's in-band error event and ``[DONE]``."""
         stream.buffer.append((now, wire.ERROR_500))
         stream.buffer.append((now, wire.DONE))
-        stream.ended = Ending.EOF
+        stream.ended = EOF
 
     def flush_one(self, stream: SimStream) -> None:
         """Hand a waiting router what ``stream`` has for it now."""

@@ -40,7 +40,17 @@ from narwhal.sim.gpu.blocks import BlockManager
 from narwhal.sim.gpu.handoffs import Handoffs, KvPull, Registry
 from narwhal.sim.gpu.output import StreamWriter
 from narwhal.sim.gpu.params import EngineParams
-from narwhal.sim.gpu.sequence import Resumer, Seq, SeqState
+from narwhal.sim.gpu.sequence import (
+    DECODE,
+    FINISHED,
+    LEFT,
+    PREFILL,
+    STALLED,
+    TRANSFER,
+    WAITING,
+    Resumer,
+    Seq,
+)
 from narwhal.sim.gpu.switches import FaultSwitches
 from narwhal.sim.gpu.totals import EngineTotals
 from narwhal.sim.kvnet import KvNetwork
@@ -125,18 +135,18 @@ class Scheduler:
     def abort(self, seq: Seq) -> None:
         """The router gave up on ``seq`` (closed the stream or timed out the call)."""
         state = seq.state
-        if state is SeqState.FINISHED:
+        if state is FINISHED:
             return
-        if state is SeqState.DECODE:
+        if state is DECODE:
             self._leave_decode(seq)
-        elif state is SeqState.PREFILL:
+        elif state is PREFILL:
             self.prefilling.remove(seq)
-        elif state is SeqState.TRANSFER:
+        elif state is TRANSFER:
             self.transferring -= 1
         self.finish(seq)
 
     def finish(self, seq: Seq) -> None:
-        seq.state = SeqState.FINISHED
+        seq.state = FINISHED
         seq.run += 1
         # unlink the request from its router-side waiter and stream: no cycle outlives it
         seq.reply = None
@@ -171,7 +181,7 @@ class Scheduler:
         waiting = self.waiting
         while waiting and seqs < params.max_num_seqs:
             seq = waiting[0]
-            if seq.state is SeqState.FINISHED:
+            if seq.state is FINISHED:
                 waiting.popleft()
                 continue
             remote = seq.remote is not None and seq.need == 0
@@ -185,7 +195,7 @@ class Scheduler:
             if remote:
                 self._start_pull(seq)
                 continue
-            seq.state = SeqState.PREFILL
+            seq.state = PREFILL
             self.prefilling.append(seq)
             take = min(seq.need, budget)
             budget -= take
@@ -208,7 +218,7 @@ class Scheduler:
         """Step ``step`` ended at ``now``: apply its chunks and its decodes' outputs (prefill
         replies to send go to ``replies``)."""
         for seq, take in chunks:
-            if seq.state is not SeqState.PREFILL:
+            if seq.state is not PREFILL:
                 continue
             seq.prefilled += take
             if seq.prefilled < seq.need:
@@ -223,7 +233,7 @@ class Scheduler:
                 self._end_stream(seq)
             else:
                 self._emit(seq, False, now)
-                if seq.state is SeqState.PREFILL:  # its output did not end or stall it
+                if seq.state is PREFILL:  # its output did not end or stall it
                     self._join_decode(seq, step + 1)
         due = self.out_due.pop(step, None)
         if due:
@@ -236,13 +246,13 @@ class Scheduler:
                     self._leave_decode(seq)
                     seq.gen = seq.out
                     self._emit(seq, True, now)
-                    if seq.state is not SeqState.FINISHED:
+                    if seq.state is not FINISHED:
                         self.finish(seq)
                     continue
                 joined_at = seq.gen
                 seq.gen += step - seq.j + 1
                 self._emit(seq, False, now)
-                if seq.state is SeqState.DECODE and seq.run == run:
+                if seq.state is DECODE and seq.run == run:
                     seq.gen = joined_at  # while decoding, gen stays the count at the join step
                     nxt = step + 1 if seq.fault is not None else min(finish, step + interval)
                     if nxt < finish:
@@ -257,7 +267,7 @@ class Scheduler:
         if remaining <= 0:
             self._end_stream(seq)
             return
-        seq.state = SeqState.DECODE
+        seq.state = DECODE
         seq.j = step
         seq.c0 = c0 = seq.prompt + seq.gen
         self.decoding[seq] = None
@@ -278,21 +288,21 @@ class Scheduler:
         del self.decoding[seq]
         self.ctx_base -= seq.c0 - seq.j
         seq.run += 1
-        seq.state = SeqState.LEFT
+        seq.state = LEFT
 
     def _preempt(self, seq: Seq, step: int, now: float) -> None:
         """vLLM's recompute preemption: free the blocks, re-prefill prompt + generated later."""
         seq.gen += step - seq.j
         self._leave_decode(seq)
         self._emit(seq, False, now)
-        if seq.state is not SeqState.LEFT:  # a stream fault ended or stalled it meanwhile
+        if seq.state is not LEFT:  # a stream fault ended or stalled it meanwhile
             return
         self.totals.preemptions += 1
         self.blocks.free(seq.blocks)
         seq.blocks = []
         seq.need = seq.prompt + seq.gen
         seq.prefilled = 0
-        seq.state = SeqState.WAITING
+        seq.state = WAITING
         self.waiting.appendleft(seq)
 
     def _grow_blocks(self, step: int, now: float) -> None:
@@ -322,10 +332,10 @@ class Scheduler:
         fault = self.writer.emit(seq, final, now)
         if fault is None:
             return
-        if seq.state is SeqState.DECODE:
+        if seq.state is DECODE:
             self._leave_decode(seq)
         if fault == "stall":
-            seq.state = SeqState.STALLED
+            seq.state = STALLED
             seq.run += 1
         else:
             self.finish(seq)
@@ -360,7 +370,7 @@ class Scheduler:
     def _start_pull(self, seq: Seq) -> None:
         """Admit a remote decode: pull its KV, then let it decode (or follow the
         ``kv_load_failure_policy`` when the pull fails)."""
-        seq.state = SeqState.TRANSFER
+        seq.state = TRANSFER
         self.transferring += 1
         pull = KvPull(
             seq.remote or {},
@@ -372,7 +382,7 @@ class Scheduler:
         run = seq.run
 
         def done(ok: bool) -> None:
-            if seq.run != run or seq.state is not SeqState.TRANSFER:
+            if seq.run != run or seq.state is not TRANSFER:
                 return  # aborted meanwhile, or the engine crashed
             self.transferring -= 1
             if ok and pull.arrived(self.registry, self.env.now):
@@ -381,7 +391,7 @@ class Scheduler:
             elif self.params.kv_load_failure_policy == "recompute":
                 seq.need = seq.prompt  # silently recompute the prompt (blocks are held already)
                 seq.prefilled = 0
-                seq.state = SeqState.PREFILL
+                seq.state = PREFILL
                 self.prefilling.append(seq)
                 self.wake()
             else:  # vLLM's kv_load_failure_policy "fail": an error inside the 200 stream

@@ -19,7 +19,7 @@ engine produced and the router has not read yet, each with its arrival time.
 from __future__ import annotations
 
 import enum
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from narwhal.core.ports import Burst, ChunkResult, ConnectFailed, StreamEnd
 
@@ -34,6 +34,17 @@ class SeqState(enum.Enum):
     LEFT = "left"  # just taken out of the decode batch (preempted, finishing or stalling)
     STALLED = "stalled"  # a stall fault: the stream stays open and says nothing more
     FINISHED = "finished"  # done, aborted or lost in a crash: holds nothing
+
+
+# The states by their names, which the engine's modules use: on Python 3.11 reading an attribute
+# of an Enum class goes through a Python-level hook (EnumType.__getattr__), on every state test.
+WAITING: Final = SeqState.WAITING
+PREFILL: Final = SeqState.PREFILL
+TRANSFER: Final = SeqState.TRANSFER
+DECODE: Final = SeqState.DECODE
+LEFT: Final = SeqState.LEFT
+STALLED: Final = SeqState.STALLED
+FINISHED: Final = SeqState.FINISHED
 
 
 class Resumer(Protocol):
@@ -53,6 +64,10 @@ class Ending(enum.Enum):
 
     EOF = "eof"  # a clean close (after [DONE], or a disconnect fault's close before it)
     RESET = "reset"  # the connection was reset (the engine crashed)
+
+
+EOF: Final = Ending.EOF  # (module constants, as the states above)
+RESET: Final = Ending.RESET
 
 
 class SimStream:
@@ -78,7 +93,7 @@ def take_chunk(stream: SimStream) -> ChunkResult | None:
         return Burst(reads)
     if stream.ended is None:
         return None
-    return ConnectFailed("reset") if stream.ended is Ending.RESET else StreamEnd()
+    return ConnectFailed("reset") if stream.ended is RESET else StreamEnd()
 
 
 class Seq:
@@ -121,7 +136,7 @@ class Seq:
         self.run = 0  # bumped whenever the sequence leaves the batch: stale bucket entries skip
         self.j = 0  # step at which it joined the decode batch
         self.c0 = 0  # its context at that step
-        self.state = SeqState.WAITING
+        self.state: SeqState = WAITING
         self.reply: Resumer | None = None  # prefill leg: the pending call
         self.stream: SimStream | None = None  # decode leg
         self.remote: dict[str, Any] | None = None  # decode leg: the descriptor to pull
