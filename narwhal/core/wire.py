@@ -1,0 +1,253 @@
+"""vLLM's OpenAI wire shapes, written once: what an engine sends and what the router answers.
+
+Rule kept here: every byte of vLLM's protocol that Narwhal *writes* comes from this module — the
+simulated engine's and the emulator's replies and streams, the router's own error bodies and its
+terminal SSE error event. The *reading* side is :mod:`narwhal.core.sse` (events) and
+:mod:`narwhal.core.descriptor` (the KV handoff), so a shape changed here is checked there by the
+same tests that run against a real vLLM. Pure: no I/O, JSON only.
+
+Theory of operation (vLLM 0.32's OpenAI server, as the real-vLLM tests observe it):
+- A streamed response is Server-Sent Events: each event one ``data: <JSON>`` line and a blank
+  line (:func:`sse_event`), the last one ``data: [DONE]`` (:data:`DONE`).
+- Every chunk of one stream repeats the same ``id``, ``object``, ``created`` and ``model``;
+  :class:`ChunkWriter` writes that head once per stream and each chunk as head + choice, since a
+  simulated engine writes one chunk per ``stream_interval`` tokens of every sequence it runs.
+  A completions chunk's choice carries ``text``; a chat chunk's carries ``delta`` (the first
+  chat chunk is the role chunk ``{"role": "assistant", "content": ""}``, which is not a token).
+  With ``stream_options.include_usage`` the last chunk before ``[DONE]`` has ``choices: []`` and
+  ``usage``.
+- An error is ``{"error": {"message", "type", "param", "code"}}`` (:func:`error_object`), sent as
+  an HTTP body before streaming or, inside an HTTP 200 stream, as one SSE event
+  (:func:`error_event`).
+- A non-streamed reply is one JSON object (:func:`completion_reply`); a producer's prefill reply
+  is such a completion with one generated token and NixlConnector ``kv_transfer_params``
+  (:func:`nixl_kv_params`), which the router validates and hands to the consumer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+DONE = b"data: [DONE]\n\n"
+"""The last event of every complete stream."""
+
+ERROR_TYPES: Mapping[int, str] = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
+}
+"""vLLM's error ``type`` by status; others fall back to :func:`error_type`'s rule."""
+
+
+def to_json(value: object) -> bytes:
+    """Compact JSON, as vLLM's server writes it (no spaces; non-ASCII kept as UTF-8)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sse_event(payload: bytes) -> bytes:
+    """One SSE event carrying ``payload`` (JSON text) as its data field."""
+    return b"data: " + payload + b"\n\n"
+
+
+def error_type(status: int) -> str:
+    """vLLM's error ``type`` for an HTTP status."""
+    known = ERROR_TYPES.get(status)
+    if known is not None:
+        return known
+    return "InternalServerError" if status >= 500 else "BadRequestError"
+
+
+def error_object(
+    status: int,
+    message: str,
+    kind: str | None = None,
+    *,
+    param: str | None = None,
+    code: object = None,
+) -> dict[str, Any]:
+    """An OpenAI-shaped error: ``kind`` defaults to vLLM's type for ``status`` and ``code`` to
+    ``status`` (the router's own errors name their types in OpenAI's lower-case style)."""
+    return {
+        "error": {
+            "message": message,
+            "type": error_type(status) if kind is None else kind,
+            "param": param,
+            "code": status if code is None else code,
+        }
+    }
+
+
+def error_body(status: int, message: str, kind: str | None = None) -> bytes:
+    """:func:`error_object` as an HTTP body."""
+    return to_json(error_object(status, message, kind))
+
+
+def error_event(status: int, message: str, kind: str | None = None) -> bytes:
+    """:func:`error_object` as the SSE event an engine (or the router) sends inside a 200 stream."""
+    return sse_event(error_body(status, message, kind))
+
+
+def completion_id(request_id: str, chat: bool) -> str:
+    """The response ``id`` vLLM gives a request: ``cmpl-<request id>`` or ``chatcmpl-<...>``."""
+    return ("chatcmpl-" if chat else "cmpl-") + request_id
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """A ``usage`` object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+class ChunkWriter:
+    """Writes the chunks of one stream: the per-stream head is encoded once, each chunk is the
+    head plus its choice."""
+
+    __slots__ = ("_head", "_object", "_prefix", "chat")
+
+    def __init__(self, response_id: str, model: str, created: int, *, chat: bool) -> None:
+        self.chat = chat
+        self._object = "chat.completion.chunk" if chat else "text_completion"
+        head = to_json(
+            {"id": response_id, "object": self._object, "created": created, "model": model}
+        )
+        self._head = head[:-1]  # the object still open: chunks append their own fields
+        self._prefix = b"data: " + self._head + b',"choices":[{"index":0,'
+
+    def role_chunk(self) -> bytes:
+        """A chat stream's first chunk: the assistant's role and no content (not a token)."""
+        return (
+            self._prefix
+            + b'"delta":{"role":"assistant","content":""},"logprobs":null,'
+            + b'"finish_reason":null}]}\n\n'
+        )
+
+    def token_chunk(self, text: str, finish_reason: str | None = None) -> bytes:
+        """A chunk carrying generated ``text``; ``finish_reason`` on the last one."""
+        encoded = to_json(text)
+        finish = b"null" if finish_reason is None else to_json(finish_reason)
+        if self.chat:
+            return (
+                self._prefix
+                + b'"delta":{"content":'
+                + encoded
+                + b'},"logprobs":null,"finish_reason":'
+                + finish
+                + b"}]}\n\n"
+            )
+        return (
+            self._prefix
+            + b'"text":'
+            + encoded
+            + b',"logprobs":null,"finish_reason":'
+            + finish
+            + b',"stop_reason":null}]}\n\n'
+        )
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """The usage chunk sent before ``[DONE]`` when the client asked for usage."""
+        return sse_event(
+            self._head
+            + b',"choices":[],"usage":'
+            + to_json(usage(prompt_tokens, completion_tokens))
+            + b"}"
+        )
+
+
+def completion_reply(
+    response_id: str,
+    model: str,
+    created: int,
+    text: str,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    chat: bool = False,
+    kv_transfer_params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A non-streamed completion (or chat completion), ``kv_transfer_params`` included as vLLM
+    includes it (``null`` when the request asked for no transfer)."""
+    choice: dict[str, Any]
+    if chat:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": "length",
+        }
+    else:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
+    return {
+        "id": response_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, completion_tokens),
+        "kv_transfer_params": None if kv_transfer_params is None else dict(kv_transfer_params),
+    }
+
+
+def nixl_kv_params(
+    *,
+    block_ids: Sequence[int],
+    engine_id: str,
+    request_id: str,
+    host: str,
+    port: int,
+    num_tokens: int,
+) -> dict[str, Any]:
+    """The ``kv_transfer_params`` a NixlConnector producer returns with its prefill: where the
+    prompt's KV blocks are (one KV group, tensor-parallel size 1) and how to pull them."""
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [list(block_ids)],
+        "remote_engine_id": engine_id,
+        "remote_request_id": request_id,
+        "remote_host": host,
+        "remote_port": port,
+        "tp_size": 1,
+        "dcp_size": 1,
+        "pp_size": 1,
+        "remote_num_tokens": num_tokens,
+        "remote_blocks_expiry_time": None,
+        "transfer_mode": "pull",
+        "remote_prefill_cached_tokens": 0,
+    }
+
+
+def prefill_reply(
+    response_id: str,
+    model: str,
+    created: int,
+    *,
+    prompt_tokens: int,
+    kv_transfer_params: Mapping[str, Any],
+    text: str = "x",
+) -> dict[str, Any]:
+    """A producer's reply to the router's one-token prefill: one generated token (discarded by
+    the router) and the KV handoff descriptor."""
+    return completion_reply(
+        response_id,
+        model,
+        created,
+        text,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=1,
+        kv_transfer_params=kv_transfer_params,
+    )
