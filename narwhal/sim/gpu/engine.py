@@ -23,7 +23,6 @@ Theory of operation:
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import simpy
 
 from narwhal.core.ports import CallResult, ConnectFailed, OpenResult, Reply, StreamOpened
+from narwhal.core.wire import error_body
 from narwhal.sim.gpu import wire
 from narwhal.sim.gpu.blocks import BlockManager
 from narwhal.sim.gpu.handoffs import Handoffs, Registry
@@ -71,7 +71,6 @@ class SimEngine:
         self.registry = registry  # engine id -> a producer's handoffs (shared by the fleet)
         self.rng = rng
         self.on_state = on_state or (lambda engine, state: None)
-        self.model_json = json.dumps(params.model)  # in every reply and chunk
         self.switches = FaultSwitches(rng)
         self.totals = EngineTotals()
         self.writer = StreamWriter(params.coalesce_reads, self.totals)
@@ -116,7 +115,6 @@ class SimEngine:
             self.switches,
             self.rng,
             self.totals,
-            self.model_json,
             self._kick,
         )
         self.writer.wake = []
@@ -198,7 +196,7 @@ class SimEngine:
         if method == "GET":
             return self._get(path)
         if self.switches.answers_5xx():
-            return Reply(500, wire.error_body(500, "Internal server error", "InternalServerError"))
+            return Reply(500, error_body(500, "Internal server error"))
         seq = self._new_seq(path, body or {}, headers)
         if isinstance(seq, Reply):
             return seq
@@ -214,18 +212,20 @@ class SimEngine:
             return Reply(200, wire.version_body())
         if path == "/v1/models":
             return Reply(200, wire.models_body(self.params.model))
-        return Reply(404, wire.error_body(404, "Not Found", "NotFoundError"))
+        return Reply(404, error_body(404, "Not Found"))
 
     def open_stream(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> OpenResult:
         """A streaming request: vLLM sends 200 and SSE headers before generating anything."""
         if self.switches.refuses():
             return ConnectFailed("refused")
         if self.switches.answers_5xx():
-            error = wire.error_body(500, "Internal server error", "InternalServerError")
+            error = error_body(500, "Internal server error")
             return StreamOpened(None, 500, error)
         seq = self._new_seq(path, body, headers)
         if isinstance(seq, Reply):
             return StreamOpened(None, seq.status, seq.body)
+        chat = path == "/v1/chat/completions"
+        seq.chunks = wire.chunk_writer(seq.rid, body.get("model", self.params.model), chat)
         stream = SimStream(self)
         stream.seq = seq
         seq.stream = stream
@@ -234,35 +234,29 @@ class SimEngine:
         if isinstance(params, dict) and params.get("do_remote_prefill"):
             seq.remote = params
             seq.need = 0
-        if seq.chat:
-            stream.buffer.append((self.env.now, wire.role_chunk(seq.head)))
+        if chat:
+            stream.buffer.append((self.env.now, seq.chunks.role_chunk()))
         self.scheduler.add(seq)
         return StreamOpened(stream, 200)
 
     def _new_seq(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Seq | Reply:
         """The request as a sequence, or vLLM's answer when it cannot be one."""
         if path not in COMPLETION_PATHS:
-            return Reply(404, wire.error_body(404, "Not Found", "NotFoundError"))
+            return Reply(404, error_body(404, "Not Found"))
         prompt = wire.prompt_tokens(body)
         if prompt is None:
-            return Reply(
-                400, wire.error_body(400, "prompt or messages required", "BadRequestError")
-            )
+            return Reply(400, error_body(400, "prompt or messages required"))
         fits = self.scheduler.blocks.max_prompt_tokens
         if prompt > fits:  # it could never be admitted; vLLM refuses it (max_model_len) with 400
             message = (
                 f"This model's maximum context length is {fits} tokens. However, your "
                 f"request has {prompt} input tokens."
             )
-            return Reply(400, wire.error_body(400, message, "BadRequestError"))
+            return Reply(400, error_body(400, message))
         out = body.get("max_tokens") or body.get("max_completion_tokens") or 16
         rid = headers.get("X-Request-Id") or f"{self.rng.getrandbits(64):016x}"
         self._sid += 1
         seq = Seq(self._sid, rid, prompt, int(out))
-        seq.chat = path == "/v1/chat/completions"
-        model = body.get("model", self.params.model)
-        model_json = self.model_json if model == self.params.model else json.dumps(model)
-        seq.head = wire.chunk_head(rid, model_json, seq.chat)
         return seq
 
     def abort(self, seq: Seq) -> None:

@@ -18,9 +18,10 @@ woken together by :meth:`flush` at its end.
 
 from __future__ import annotations
 
-from narwhal.sim.gpu import wire
+from narwhal.core.wire import DONE
 from narwhal.sim.gpu.sequence import EOF, Seq, SimStream, take_chunk
 from narwhal.sim.gpu.totals import EngineTotals
+from narwhal.sim.gpu.wire import ERROR_500, token_chunk
 
 
 class StreamWriter:
@@ -47,13 +48,14 @@ class StreamWriter:
             if n == seq.chunk_tokens and not final:  # the usual chunk: its bytes are known
                 data = seq.chunk
             else:
-                data = seq.head + wire.chunk_body(n, final, seq.chat)
+                assert seq.chunks is not None  # a sequence with a stream has its chunk writer
+                data = token_chunk(seq.chunks, n, final)
                 if not final:
                     seq.chunk_tokens, seq.chunk = n, data
             stream.buffer.append((now, data))
         if final:
             self.totals.delivered[seq.rid] = seq.emitted
-            stream.buffer.append((now, wire.DONE))
+            stream.buffer.append((now, DONE))
             stream.ended = EOF
         if stream.waiter is not None and (final or first or not self.coalesce_reads):
             self.wake.append(stream)
@@ -74,7 +76,7 @@ class StreamWriter:
             return kind
         if kind == "early_done":
             self.totals.delivered[seq.rid] = seq.emitted
-            stream.buffer.append((now, wire.DONE))
+            stream.buffer.append((now, DONE))
             stream.ended = EOF
         elif kind == "inband_error":
             self.send_error(stream, now)
@@ -86,8 +88,8 @@ class StreamWriter:
 
     def send_error(self, stream: SimStream, now: float) -> None:
         """End ``stream`` with vLLM's in-band error event and ``[DONE]``."""
-        stream.buffer.append((now, wire.ERROR_500))
-        stream.buffer.append((now, wire.DONE))
+        stream.buffer.append((now, ERROR_500))
+        stream.buffer.append((now, DONE))
         stream.ended = EOF
 
     def flush_one(self, stream: SimStream) -> None:

@@ -86,7 +86,6 @@ class Scheduler:
         switches: FaultSwitches,
         rng: random.Random,
         totals: EngineTotals,
-        model_json: str,
         wake: Callable[[], None],
     ) -> None:
         self.env = env
@@ -100,7 +99,6 @@ class Scheduler:
         self.writer = writer
         self.switches = switches
         self.rng = rng
-        self.model_json = model_json  # the served model's name as JSON, in prefill replies
         self.wake = wake  # wakes the engine if idle (there is new work)
         self.totals = totals
         self.seqs: dict[int, Seq] = {}  # every sequence in the engine, by id
@@ -352,7 +350,7 @@ class Scheduler:
         handoffs = self.handoffs
         body = wire.prefill_reply(
             seq.rid,
-            self.model_json,
+            self.params.model,
             seq.prompt,
             blocks,
             engine_id,
