@@ -152,7 +152,8 @@ class SimEngine:
         scheduler = self.scheduler
         plan = None
         if not (self.switches.down or self.switches.hung):
-            self.handoffs.expire(now)
+            if self.handoffs.expiry:  # leases that may have run out
+                self.handoffs.expire(now)
             plan = scheduler.plan(scheduler.it, now)
         if plan is None:
             self._asleep = True
@@ -171,14 +172,8 @@ class SimEngine:
             self.totals.busy_s += dt
             replies: list[tuple[Resumer, object]] = []
             scheduler.apply(step, chunks, now, replies)
-            self._flush(replies)
+            self.writer.flush(replies)
         self._next_step(now)
-
-    def _flush(self, replies: list[tuple[Resumer, object]]) -> None:
-        """Wake the router where it must see a stream now, then answer the calls."""
-        self.writer.flush()
-        for resumer, value in replies:
-            resumer.fire(value)
 
     # ------------------------------------------------------------------ HTTP surface
 
@@ -289,7 +284,7 @@ class SimEngine:
                 seq.stream.ended = RESET
                 self.writer.wake.append(seq.stream)
         self.on_state(self, "crashed")
-        self._flush(replies)
+        self.writer.flush(replies)
         self._kick()
 
     def restart(self) -> None:

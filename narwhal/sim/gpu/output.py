@@ -19,7 +19,7 @@ woken together by :meth:`flush` at its end.
 from __future__ import annotations
 
 from narwhal.core.wire import DONE
-from narwhal.sim.gpu.sequence import EOF, Seq, SimStream, take_chunk
+from narwhal.sim.gpu.sequence import EOF, Resumer, Seq, SimStream, take_chunk
 from narwhal.sim.gpu.totals import EngineTotals
 from narwhal.sim.gpu.wire import ERROR_500, token_chunk
 
@@ -102,10 +102,12 @@ class StreamWriter:
             stream.waiter = None
             waiter.fire(result)
 
-    def flush(self) -> None:
+    def flush(self, replies: list[tuple[Resumer, object]]) -> None:
         """Wake the router for every queued stream (a woken router task may queue more, e.g.
-        by aborting another request)."""
+        by aborting another request), then answer the calls in ``replies``."""
         while self.wake:
             wake, self.wake = self.wake, []
             for stream in wake:
                 self.flush_one(stream)
+        for resumer, value in replies:
+            resumer.fire(value)
