@@ -24,6 +24,7 @@ Theory of operation:
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -86,10 +87,7 @@ class SimEngine:
         """A new engine process: a new engine id, an empty KV cache, nothing scheduled."""
         if self.engine_id:
             self.registry.pop(self.engine_id)
-        hex_id = f"{self.rng.getrandbits(128):032x}"
-        self.engine_id = "-".join(
-            (hex_id[:8], hex_id[8:12], hex_id[12:16], hex_id[16:20], hex_id[20:])
-        )
+        self.engine_id = str(uuid.UUID(int=self.rng.getrandbits(128)))  # a UUID, as vLLM's
         params = self.params
         blocks = BlockManager(params.num_blocks, params.block_size, self._blocks_freed)
         self.handoffs = Handoffs(

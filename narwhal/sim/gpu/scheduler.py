@@ -307,9 +307,10 @@ class Scheduler:
         """Give every decode due a block at ``step`` one more, preempting when short."""
         due = self.block_due.pop(step)
         blocks = self.blocks
-        if blocks.num_free < len(due):  # perhaps short of blocks (stale entries count here too)
+        free = blocks.free_ids
+        if len(free) < len(due):  # perhaps short of blocks (stale entries count here too)
             needing = [seq for seq, run in due if seq.run == run]
-            while blocks.num_free < len(needing) and self.decoding:
+            while len(free) < len(needing) and self.decoding:
                 victim = next(reversed(self.decoding))
                 self._preempt(victim, step, now)
                 needing = [seq for seq in needing if seq is not victim]
