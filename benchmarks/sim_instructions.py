@@ -28,9 +28,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 CHILD = """
+import gc
 import sys
 sys.path.insert(0, {here!r})
-from sim_speed import build, scenario_for
+from sim_speed import GC_THRESHOLDS, build, scenario_for
+gc.set_threshold(*GC_THRESHOLDS)
 from narwhal.core.records import DecisionLog
 from narwhal.sim.runner import run
 run(scenario_for({requests}, 16, 16, 35.0), log=DecisionLog(enabled=False))

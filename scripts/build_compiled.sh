@@ -17,7 +17,7 @@ rm -rf build  # setuptools reuses stale objects from build/ otherwise
 NARWHAL_COMPILE=1 quietly "$VENV/bin/pip" install --no-build-isolation --force-reinstall --no-deps .
 # from / so that the checkout's sources are not on sys.path
 (cd / && "$VENV/bin/python" - <<'PY'
-import narwhal.sim.engine as engine
+import narwhal.sim.gpu.engine as engine
 
 assert engine.__file__.endswith(".so"), f"not compiled: {engine.__file__}"
 print(f"compiled build ready: {engine.__file__}")

@@ -29,7 +29,7 @@ def compiled_modules() -> list[str]:
 
 def test_compiled_list_names_real_modules() -> None:
     modules = compiled_modules()
-    assert "narwhal.sim.engine" in modules and "narwhal.core.lifecycle" in modules
+    assert "narwhal.sim.gpu.engine" in modules and "narwhal.core.lifecycle" in modules
     for name in modules:
         assert importlib.util.find_spec(name) is not None, name
 

@@ -39,7 +39,8 @@ from narwhal.core.ports import (
     Ports,
     TimedOut,
 )
-from narwhal.sim.engine import Seq, SimEngine, SimStream, take_chunk
+from narwhal.sim.gpu.engine import SimEngine
+from narwhal.sim.gpu.sequence import Seq, SimStream, take_chunk
 
 PENDING: Any = object()  # op.start() result: the task will be resumed later
 EPOCH = 1_767_225_600.0  # wall() of simulated time 0 (2026-01-01T00:00:00Z), display only

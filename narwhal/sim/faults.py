@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from narwhal.core import injected_faults
 from narwhal.core.injected_faults import SIMULATOR, check_parameters, fault_named
-from narwhal.sim.engine import SimEngine
+from narwhal.sim.gpu.engine import SimEngine
 
 KINDS = injected_faults.names_in(SIMULATOR)
 ENGINE_FAULTS = frozenset({"crash", "hang", "slow"})  # switch the whole engine

@@ -42,7 +42,6 @@ class Link:
         self.flows: list[_Flow] = []
         self._since = 0.0
         self._generation = 0
-        self.bytes_moved = 0.0
 
     def add(self, nbytes: float, done: Done, fail: bool = False) -> None:
         self._advance()
@@ -55,7 +54,6 @@ class Link:
             moved = (now - self._since) * self.bandwidth / len(self.flows)
             for flow in self.flows:
                 flow.remaining -= moved
-            self.bytes_moved += moved * len(self.flows)
         self._since = now
 
     def _reschedule(self) -> None:

@@ -18,11 +18,8 @@ needs.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import random
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +31,9 @@ from narwhal.core.probe import maintenance_loop
 from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.requests import CHAT, COMPLETIONS, ClientRequest
 from narwhal.sim.driver import SINK, make_ports, start
-from narwhal.sim.engine import SimEngine
 from narwhal.sim.faults import FaultWindow, expand, install
+from narwhal.sim.gpu.engine import SimEngine
+from narwhal.sim.gpu.handoffs import Registry
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.scenario import Scenario
 from narwhal.sim.timing import LinearStepTiming
@@ -60,35 +58,6 @@ class RunResult:
     delivered: dict[str, int] = field(default_factory=dict)
     wall_s: float = field(default=0.0, compare=False)  # not part of the written results
     policy_seed: int = 0  # the router's seed (``Policies(seed=...)``) derived from ``seed``
-
-
-def _prompt_text(cache: dict[int, str], tokens: int) -> str:
-    text = cache.get(tokens)
-    if text is None:
-        text = cache[tokens] = "x" * max(0, tokens - 1)  # the sim tokenizer adds one (BOS)
-    return text
-
-
-# The collector's thresholds during a run (Python's default: 700, 10, 10).
-RUN_GC_THRESHOLDS = (100_000, 50, 100)
-
-
-@contextmanager
-def fewer_collections() -> Iterator[None]:
-    """Let the cyclic collector run less often for the length of a run, then restore it.
-
-    Why: a run allocates a few hundred short-lived objects per request (events, chunks, bodies)
-    and keeps every record, so with the default thresholds the collector rescans young objects
-    thousands of times and the whole heap about once per 10k requests: a fifth of the run's time
-    (docs/simulator.md, Speed). A finished request leaves no reference cycle behind (the engine
-    unlinks it), so collecting rarely costs little memory (+20% at 100k requests).
-    """
-    saved = gc.get_threshold()
-    gc.set_threshold(*RUN_GC_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*saved)
 
 
 def run(
@@ -123,7 +92,7 @@ def run(
     def on_state(engine: SimEngine, state: str) -> None:
         conditions.append({"t": float(env.now), "engine": engine.url, "condition": state})
 
-    registry: dict[str, SimEngine] = {}
+    registry: Registry = {}
     engines: dict[str, SimEngine] = {}
     for index, entry in enumerate(config.engines):
         rng = random.Random(f"{engine_seed}/{entry.url}")
@@ -164,14 +133,13 @@ def run(
     endpoint = CHAT if scenario.workload.endpoint == "chat" else COMPLETIONS
     stream = scenario.workload.stream
     model = fleet.model
-    prompts: dict[int, str] = {}
 
     def feed() -> Any:
         for i, arrival in enumerate(arrivals):
             delay = arrival.t - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            text = _prompt_text(prompts, arrival.prompt)
+            text = "x" * max(0, arrival.prompt - 1)  # the sim tokenizer adds one (BOS)
             if endpoint == CHAT:
                 body: dict[str, Any] = {
                     "model": model,
@@ -207,18 +175,17 @@ def run(
     env.process(feed())
     env.process(sample())
     if total:
-        with fewer_collections():
-            env.run(until=env.any_of([all_done, env.timeout(sim.max_sim_s)]))
+        env.run(until=env.any_of([all_done, env.timeout(sim.max_sim_s)]))
     stopped = True
     end = float(env.now)
     windows = [w for w in windows if w.start < end]  # those past the end never happened
     totals = {
         url: {
             "role": roles[url],
-            "steps": e.steps,
-            "busy_s": e.busy_s,
-            "preemptions": e.preemptions,
-            "tokens_out": e.tokens_out,
+            "steps": e.totals.steps,
+            "busy_s": e.totals.busy_s,
+            "preemptions": e.totals.preemptions,
+            "tokens_out": e.totals.tokens_out,
             "times_ejected": policies.breaker.health(url).times_ejected,
         }
         for url, e in engines.items()
@@ -234,7 +201,7 @@ def run(
         decisions=[d.as_dict() for d in log.entries],
         engines=totals,
         sim_end_s=end,
-        delivered={rid: n for e in engines.values() for rid, n in e.delivered.items()},
+        delivered={rid: n for e in engines.values() for rid, n in e.totals.delivered.items()},
         wall_s=time.perf_counter() - wall_start,
         policy_seed=policy_seed,
     )

@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from narwhal.config_file import parse_toml, read_toml
 from narwhal.core.config import ConfigError, NarwhalConfig, parse_config, validation_problems
-from narwhal.sim.engine import EngineParams
 from narwhal.sim.faults import FaultSpec, targets
+from narwhal.sim.gpu.params import EngineParams
 from narwhal.sim.timing import (
     LinearStepTiming,
     StepTiming,

@@ -74,7 +74,7 @@ def test_call_and_stream_deadlines_through_the_transport() -> None:
     async def caller() -> None:
         body = prefill_body(8000)  # a long prompt: several engine steps
         result = await transport.call(URL, "POST", "/v1/completions", body, {}, env.now + 0.004)
-        seen["call"] = (result, env.now, len(engine.seqs))
+        seen["call"] = (result, env.now, len(engine.scheduler.seqs))
         engine.set_hung(True)
         opened = await transport.open_stream(URL, "/v1/completions", {"prompt": "x"}, {}, 99.0)
         assert isinstance(opened, StreamOpened)

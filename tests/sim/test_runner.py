@@ -1,5 +1,5 @@
-"""The runner: arrivals start on time and in order; the collector's thresholds are raised for a
-run and always restored."""
+"""The runner: arrivals start on time and in order; a run leaves the process's garbage collector
+as it found it (a library does not tune the process)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from narwhal.sim.runner import RUN_GC_THRESHOLDS, fewer_collections, run
+from narwhal.sim.runner import run
 
 from .conftest import scenario
 
@@ -21,22 +21,6 @@ def custom_thresholds() -> Iterator[tuple[int, int, int]]:
         yield (1234, 7, 9)
     finally:
         gc.set_threshold(*saved)
-
-
-def test_thresholds_are_raised_inside_and_restored_after(
-    custom_thresholds: tuple[int, int, int],
-) -> None:
-    with fewer_collections():
-        assert gc.get_threshold() == RUN_GC_THRESHOLDS
-    assert gc.get_threshold() == custom_thresholds
-
-
-def test_thresholds_are_restored_when_the_run_fails(
-    custom_thresholds: tuple[int, int, int],
-) -> None:
-    with pytest.raises(RuntimeError), fewer_collections():
-        raise RuntimeError("boom")
-    assert gc.get_threshold() == custom_thresholds
 
 
 def test_a_run_leaves_the_collector_as_it_found_it(

@@ -1,0 +1,403 @@
+"""The scheduler: which sequences each engine step runs, and what a step did to them.
+
+Rule kept here: vLLM's continuous batching, as its v1 scheduler does it. Every running decode
+is scheduled first (one token each), then the rest of the token budget
+(``max_num_batched_tokens``) goes to prefill chunks (chunked prefill), admitting waiting
+sequences first come first served while the sequence cap (``max_num_seqs``) and free KV blocks
+(beside the block manager's watermark) allow. When a decode needs a block and none is free, the
+most recently started decode is preempted (recompute preemption): its blocks are freed and it
+goes back to the head of the queue to prefill its prompt plus the tokens it already generated.
+
+Theory of operation:
+- :meth:`Scheduler.plan` composes step ``s``: its prefill chunks (decodes are implied) and its
+  duration from the :class:`~narwhal.sim.timing.StepTiming`, plus the per-step overhead, times
+  a seeded jitter and the slow-down switch. :meth:`Scheduler.apply` then applies it when the
+  step ends: prefill progress, tokens, outputs, finishes.
+- Per-token work is avoided: a decode that joins the batch at step ``j`` with context ``c0``
+  has context ``c0 + (s - j)`` at step ``s``, so the batch's total context is one running sum
+  (``ctx_base + len(decoding) * s``), and the steps at which a sequence needs a block, must
+  emit output (every ``stream_interval`` tokens) or finishes are filed in buckets keyed by step
+  number. A step costs O(1) plus the sequences that have something due at it.
+- A bucket entry carries the sequence's ``run``; a sequence that left the batch since has a new
+  ``run``, and its old entries are skipped.
+- A decode leg whose KV lives on a producer is admitted with blocks for its prompt and first
+  pulls the KV (:class:`~narwhal.sim.gpu.handoffs.KvPull` over the
+  :class:`~narwhal.sim.kvnet.KvNetwork`); then it decodes. A finished prefill leg hands its
+  blocks off (:class:`~narwhal.sim.gpu.handoffs.Handoffs`) and its reply is the descriptor.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+
+import simpy
+
+from narwhal.core.ports import Reply
+from narwhal.sim.gpu import wire
+from narwhal.sim.gpu.blocks import BlockManager
+from narwhal.sim.gpu.handoffs import Handoffs, KvPull, Registry
+from narwhal.sim.gpu.output import StreamWriter
+from narwhal.sim.gpu.params import EngineParams
+from narwhal.sim.gpu.sequence import (
+    DECODE,
+    FINISHED,
+    LEFT,
+    PREFILL,
+    STALLED,
+    TRANSFER,
+    WAITING,
+    Resumer,
+    Seq,
+)
+from narwhal.sim.gpu.switches import FaultSwitches
+from narwhal.sim.gpu.totals import EngineTotals
+from narwhal.sim.kvnet import KvNetwork
+from narwhal.sim.timing import StepTiming
+
+Due = dict[int, list[tuple[Seq, int]]]  # step -> the sequences due then, with their ``run``
+Chunks = list[tuple[Seq, int]]  # a step's prefill chunks: (sequence, tokens)
+
+
+def _file(table: Due, step: int, seq: Seq) -> None:
+    """File ``seq`` (as it runs now) in ``table``'s bucket for ``step``."""
+    bucket = table.get(step)
+    if bucket is None:
+        table[step] = [(seq, seq.run)]
+    else:
+        bucket.append((seq, seq.run))
+
+
+class Scheduler:
+    """One engine process's sequences, queues and decode batch (a crash starts a new one)."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        url: str,
+        params: EngineParams,
+        timing: StepTiming,
+        blocks: BlockManager,
+        handoffs: Handoffs,
+        registry: Registry,
+        net: KvNetwork,
+        writer: StreamWriter,
+        switches: FaultSwitches,
+        rng: random.Random,
+        totals: EngineTotals,
+        wake: Callable[[], None],
+    ) -> None:
+        self.env = env
+        self.url = url
+        self.params = params
+        self.timing = timing
+        self.blocks = blocks
+        self.handoffs = handoffs
+        self.registry = registry
+        self.net = net
+        self.writer = writer
+        self.switches = switches
+        self.rng = rng
+        self.wake = wake  # wakes the engine if idle (there is new work)
+        self.totals = totals
+        self.seqs: dict[int, Seq] = {}  # every sequence in the engine, by id
+        self.waiting: deque[Seq] = deque()
+        self.prefilling: list[Seq] = []
+        self.decoding: dict[Seq, None] = {}  # in the order they joined (preemption: the last)
+        self.transferring = 0
+        self.ctx_base = 0  # the decode batch's total context at step s: ctx_base + len * s
+        self.it = 0  # the next step's number
+        self.in_step = False  # a step is in flight (a pull done now joins after it)
+        self.block_due: Due = {}
+        self.out_due: Due = {}
+
+    def load(self) -> dict[str, int]:
+        """A snapshot for the state timeline."""
+        return {
+            "waiting": len(self.waiting),
+            "prefilling": len(self.prefilling),
+            "decoding": len(self.decoding),
+            "transferring": self.transferring,
+            "free_blocks": self.blocks.num_free,
+            "handoffs": len(self.handoffs.leases),
+        }
+
+    # ------------------------------------------------------------------ arrivals and exits
+
+    def add(self, seq: Seq) -> None:
+        self.seqs[seq.id] = seq
+        self.waiting.append(seq)
+        self.wake()
+
+    def abort(self, seq: Seq) -> None:
+        """The router gave up on ``seq`` (closed the stream or timed out the call)."""
+        state = seq.state
+        if state is FINISHED:
+            return
+        if state is DECODE:
+            self._leave_decode(seq)
+        elif state is PREFILL:
+            self.prefilling.remove(seq)
+        elif state is TRANSFER:
+            self.transferring -= 1
+        self.finish(seq)
+
+    def finish(self, seq: Seq) -> None:
+        seq.state = FINISHED
+        seq.run += 1
+        # unlink the request from its router-side waiter and stream: no cycle outlives it
+        seq.reply = None
+        if seq.stream is not None:
+            seq.stream.seq = None
+            seq.stream = None
+        if seq.blocks:
+            self.blocks.free(seq.blocks)
+            seq.blocks = []
+        self.seqs.pop(seq.id, None)
+
+    # ------------------------------------------------------------------ a step
+
+    def plan(self, step: int, now: float) -> tuple[float, Chunks] | None:
+        """Compose step ``step``: its duration and prefill chunks (decodes are implied); None
+        when there is nothing to run."""
+        params = self.params
+        if step in self.block_due:
+            self._grow_blocks(step, now)
+        decodes = len(self.decoding)
+        budget = params.max_num_batched_tokens - decodes
+        chunks: Chunks = []
+        pairs = 0.0  # (new token, earlier token) pairs the prefill attention computes
+        for seq in self.prefilling:
+            if budget <= 0:
+                break
+            take = min(seq.need - seq.prefilled, budget)
+            budget -= take
+            chunks.append((seq, take))
+            pairs += take * (seq.prefilled + take / 2)
+        seqs = decodes + len(self.prefilling) + self.transferring
+        waiting = self.waiting
+        while waiting and seqs < params.max_num_seqs:
+            seq = waiting[0]
+            if seq.state is FINISHED:
+                waiting.popleft()
+                continue
+            remote = seq.remote is not None and seq.need == 0
+            if not remote and budget <= 0:
+                break
+            # blocks for what it prefills (or pulls) and the token the prefill samples
+            if not self.blocks.allocate(seq, (seq.prompt if remote else seq.need) + 1):
+                break
+            waiting.popleft()
+            seqs += 1
+            if remote:
+                self._start_pull(seq)
+                continue
+            seq.state = PREFILL
+            self.prefilling.append(seq)
+            take = min(seq.need, budget)
+            budget -= take
+            chunks.append((seq, take))
+            pairs += take * take / 2
+        tokens = params.max_num_batched_tokens - budget  # decodes + prefill chunk tokens
+        if tokens <= 0:
+            return None
+        context = self.ctx_base + len(self.decoding) * step
+        dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs)
+        dt += params.step_overhead_s
+        jitter = params.jitter
+        if jitter:
+            dt *= 1.0 + jitter * (2.0 * self.rng.random() - 1.0)
+        return dt * self.switches.slow, chunks
+
+    def apply(
+        self, step: int, chunks: Chunks, now: float, replies: list[tuple[Resumer, object]]
+    ) -> None:
+        """Step ``step`` ended at ``now``: apply its chunks and its decodes' outputs (prefill
+        replies to send go to ``replies``)."""
+        for seq, take in chunks:
+            if seq.state is not PREFILL:
+                continue
+            seq.prefilled += take
+            if seq.prefilled < seq.need:
+                continue
+            self.prefilling.remove(seq)
+            if seq.reply is not None:
+                self._reply_prefill(seq, now, replies)
+                continue
+            seq.gen += 1  # the step that completes a prefill samples a token
+            seq.need = 0
+            if seq.gen >= seq.out:
+                self._end_stream(seq)
+            else:
+                self._emit(seq, False, now)
+                if seq.state is PREFILL:  # its output did not end or stall it
+                    self._join_decode(seq, step + 1)
+        due = self.out_due.pop(step, None)
+        if due:
+            interval = self.params.stream_interval
+            for seq, run in due:
+                if seq.run != run:
+                    continue
+                finish = seq.j + seq.out - seq.gen - 1
+                if step >= finish:
+                    self._leave_decode(seq)
+                    seq.gen = seq.out
+                    self._emit(seq, True, now)
+                    if seq.state is not FINISHED:
+                        self.finish(seq)
+                    continue
+                joined_at = seq.gen
+                seq.gen += step - seq.j + 1
+                self._emit(seq, False, now)
+                if seq.state is DECODE and seq.run == run:
+                    seq.gen = joined_at  # while decoding, gen stays the count at the join step
+                    nxt = step + 1 if seq.fault is not None else min(finish, step + interval)
+                    if nxt < finish:
+                        _file(self.out_due, nxt, seq)
+        self.it = step + 1
+
+    # ------------------------------------------------------------------ the decode batch
+
+    def _join_decode(self, seq: Seq, step: int) -> None:
+        """Put ``seq`` in the decode batch from ``step`` on (its context: prompt + generated)."""
+        remaining = seq.out - seq.gen
+        if remaining <= 0:
+            self._end_stream(seq)
+            return
+        seq.state = DECODE
+        seq.j = step
+        seq.c0 = c0 = seq.prompt + seq.gen
+        self.decoding[seq] = None
+        self.ctx_base += c0 - step
+        finish = step + remaining - 1
+        _file(self.out_due, finish, seq)
+        if seq.emitted == 0 or seq.fault is not None:
+            first = step  # the first token is sent at once; a faulty stream is checked per step
+        else:
+            first = min(finish, step + self.params.stream_interval - 1)
+        if first < finish:
+            _file(self.out_due, first, seq)
+        due = step + len(seq.blocks) * self.blocks.block_size - c0
+        if due <= finish:
+            _file(self.block_due, max(due, step), seq)
+
+    def _leave_decode(self, seq: Seq) -> None:
+        del self.decoding[seq]
+        self.ctx_base -= seq.c0 - seq.j
+        seq.run += 1
+        seq.state = LEFT
+
+    def _preempt(self, seq: Seq, step: int, now: float) -> None:
+        """vLLM's recompute preemption: free the blocks, re-prefill prompt + generated later."""
+        seq.gen += step - seq.j
+        self._leave_decode(seq)
+        self._emit(seq, False, now)
+        if seq.state is not LEFT:  # a stream fault ended or stalled it meanwhile
+            return
+        self.totals.preemptions += 1
+        self.blocks.free(seq.blocks)
+        seq.blocks = []
+        seq.need = seq.prompt + seq.gen
+        seq.prefilled = 0
+        seq.state = WAITING
+        self.waiting.appendleft(seq)
+
+    def _grow_blocks(self, step: int, now: float) -> None:
+        """Give every decode due a block at ``step`` one more, preempting when short."""
+        due = self.block_due.pop(step)
+        blocks = self.blocks
+        free = blocks.free_ids
+        if len(free) < len(due):  # perhaps short of blocks (stale entries count here too)
+            needing = [seq for seq, run in due if seq.run == run]
+            while len(free) < len(needing) and self.decoding:
+                victim = next(reversed(self.decoding))
+                self._preempt(victim, step, now)
+                needing = [seq for seq in needing if seq is not victim]
+            due = [(seq, seq.run) for seq in needing]
+        nxt = step + blocks.block_size
+        for seq, run in due:
+            if seq.run != run:
+                continue
+            if not blocks.append_block(seq):  # pragma: no cover - preemption freed enough
+                break
+            if nxt <= seq.j + seq.out - seq.gen - 1:
+                _file(self.block_due, nxt, seq)
+
+    # ------------------------------------------------------------------ output
+
+    def _emit(self, seq: Seq, final: bool, now: float) -> None:
+        """Write ``seq``'s new tokens; a stream fault reached on the way takes it out."""
+        fault = self.writer.emit(seq, final, now)
+        if fault is None:
+            return
+        if seq.state is DECODE:
+            self._leave_decode(seq)
+        if fault == "stall":
+            seq.state = STALLED
+            seq.run += 1
+        else:
+            self.finish(seq)
+
+    def _end_stream(self, seq: Seq) -> None:
+        if seq.stream is not None:
+            self._emit(seq, True, self.env.now)
+        self.finish(seq)
+
+    def _reply_prefill(self, seq: Seq, now: float, replies: list[tuple[Resumer, object]]) -> None:
+        """A prefill leg finished: hand its blocks off and answer with their descriptor."""
+        blocks, seq.blocks = seq.blocks, []
+        remote_id, engine_id = self.handoffs.hand_off(seq.rid, blocks, now)
+        handoffs = self.handoffs
+        body = wire.prefill_reply(
+            seq.rid,
+            self.params.model,
+            seq.prompt,
+            blocks,
+            engine_id,
+            remote_id,
+            handoffs.side_host,
+            handoffs.side_port,
+        )
+        resumer = seq.reply
+        self.finish(seq)
+        if resumer is not None:
+            replies.append((resumer, Reply(200, body)))
+
+    # ------------------------------------------------------------------ KV pull
+
+    def _start_pull(self, seq: Seq) -> None:
+        """Admit a remote decode: pull its KV, then let it decode (or follow the
+        ``kv_load_failure_policy`` when the pull fails)."""
+        seq.state = TRANSFER
+        self.transferring += 1
+        pull = KvPull(
+            seq.remote or {},
+            seq.prompt,
+            self.timing.kv_bytes_per_token,
+            self.registry,
+            self.switches,
+        )
+        run = seq.run
+
+        def done(ok: bool) -> None:
+            if seq.run != run or seq.state is not TRANSFER:
+                return  # aborted meanwhile, or the engine crashed
+            self.transferring -= 1
+            if ok and pull.arrived(self.registry, self.env.now):
+                self._join_decode(seq, self.it + 1 if self.in_step else self.it)
+                self.wake()
+            elif self.params.kv_load_failure_policy == "recompute":
+                seq.need = seq.prompt  # silently recompute the prompt (blocks are held already)
+                seq.prefilled = 0
+                seq.state = PREFILL
+                self.prefilling.append(seq)
+                self.wake()
+            else:  # vLLM's kv_load_failure_policy "fail": an error inside the 200 stream
+                stream = seq.stream
+                self.finish(seq)
+                if stream is not None:
+                    self.writer.send_error(stream, self.env.now)
+                    self.writer.flush_one(stream)
+
+        self.net.transfer(pull.source_url, self.url, pull.nbytes, done, fail=pull.fail)

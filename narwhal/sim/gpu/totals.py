@@ -1,0 +1,19 @@
+"""What one simulated engine did over its whole life, crashes included (the run's per-engine
+totals and the deliveries the results report)."""
+
+from __future__ import annotations
+
+
+class EngineTotals:
+    """Counters that outlive an engine process (a crash starts a new scheduler, not these)."""
+
+    __slots__ = ("busy_s", "delivered", "preemptions", "steps", "tokens_out")
+
+    def __init__(self) -> None:
+        self.steps = 0  # engine iterations run
+        self.busy_s = 0.0  # their total duration
+        self.preemptions = 0
+        self.tokens_out = 0  # tokens written to streams
+        # tokens each stream sent before a clean [DONE], by request id (X-Request-Id): what
+        # the client got, which an early [DONE] makes fewer than max_tokens
+        self.delivered: dict[str, int] = {}
