@@ -24,8 +24,7 @@ from typing import Any
 from setuptools import setup
 
 # The modules a simulated request passes through. Not here: modules defining pydantic models
-# (mypyc cannot compile their metaclass), ``records`` (the live router subclasses DecisionLog)
-# and everything off the hot path.
+# (mypyc cannot compile their metaclass) and everything off the hot path.
 COMPILED = [
     "narwhal/core/breaker.py",
     "narwhal/core/descriptor.py",
@@ -37,7 +36,7 @@ COMPILED = [
     "narwhal/core/placement.py",
     "narwhal/core/policies.py",
     "narwhal/core/ports.py",
-    "narwhal/core/request_record.py",
+    "narwhal/core/records.py",
     "narwhal/core/requests.py",
     "narwhal/core/retry.py",
     "narwhal/core/sse.py",

@@ -210,15 +210,6 @@ class Breaker:
         factor = min(2.0**engine.failed_probes, BACKOFF_CAP)
         engine.next_probe_at = now + self._jittered(self._recovery.probe_interval_s * factor)
 
-    def next_probe_time(self) -> float | None:
-        """The earliest scheduled probe (for drivers that sleep until then)."""
-        times = [
-            e.next_probe_at
-            for e in self._engines.values()
-            if self._awaits_probe(e) and e.next_probe_at is not None
-        ]
-        return min(times) if times else None
-
     # ------------------------------------------------------------------ internals
 
     def _eject(self, engine: EngineHealth, now: float, reason: str) -> None:

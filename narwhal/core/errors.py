@@ -91,16 +91,6 @@ class Fault:
         }
 
 
-def inband_status(error: Any) -> int:
-    """The status of an in-band error object: its own ``code`` when it is 400..599, else 502."""
-    code = error.get("code") if isinstance(error, dict) else None
-    if isinstance(code, str) and code.isdigit():
-        code = int(code)
-    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
-        return code
-    return 502
-
-
 def fault(
     kind: FaultKind,
     message: str,

@@ -1,19 +1,25 @@
-"""The two engine legs, read the one way every caller shares (lifecycle, probes, EngineClient).
+"""The contract's two engine legs, written once for every caller: the request lifecycle, the
+readmission probes, ``narwhal preflight`` and ``EngineClient``.
 
-Rule kept here: how a prefill reply becomes a validated descriptor, and how a decode stream
-becomes a sequence of classified events under the first-token and silence timeouts, is written
-once. Faults come out as :class:`~narwhal.core.errors.Fault` values (``LegFault`` carries one
-out of the event iterator).
+Rule kept here: how a prefill leg is sent and read (the one-token body, the producer's reply, the
+KV descriptor's validation) and how a decode stream is opened and read (the first-token and
+silence deadlines, and what ends it: ``[DONE]``, ``[DONE]`` before any token, an in-band error,
+malformed data, a close before ``[DONE]``) is decided here and nowhere else. Every outcome is a
+:class:`~narwhal.core.errors.Fault` value or a result; nothing here raises for an engine fault.
 
-Theory of operation: :func:`read_prefill` maps an HTTP reply to a descriptor or a fault.
-:class:`DecodeReader` holds a decode stream's rules without doing I/O: the deadline for each read
-— ``first_token_at`` until the first generated token, then ``arrival + decode_read_timeout_s``
-(or the request deadline when that is 0) after every chunk — and what a read means: it feeds
-the SSE parser and returns ``(arrival time, event)`` for tokens, metadata and the final
-``[DONE]``, or records the fault (timeouts, early closes, in-band errors, malformed data,
-``[DONE]`` before any token). The lifecycle drives it directly (one plain loop per stream);
-:func:`~narwhal.core.decode_events.stream_events` wraps it as an async iterator for probes,
-preflight and ``EngineClient``.
+Theory of operation: :func:`prefill_leg` builds the producer's body from the client request, calls
+the producer under ``min(deadline, start + max_handoff_age_s)`` and reads the reply with
+:func:`read_prefill` into a :class:`PrefillOutcome` (the descriptor or the fault, and when the reply
+came, which is the request's ``ttft_s``). A :class:`DecodeLeg` is one decode stream:
+:meth:`DecodeLeg.open` opens it under the first-token deadline, and :meth:`DecodeLeg.read` (sans-IO)
+says what one transport read under :attr:`DecodeLeg.deadline` means (:meth:`DecodeLeg.next_read`
+awaits the read and reads it). The deadline of each read is ``first_token_at`` until the first
+generated token, then ``arrival + decode_read_timeout_s`` (or the request deadline when that is 0)
+after every chunk, never past the request deadline. A read returns its ``(arrival time, event)``
+pairs (tokens, metadata and the final ``[DONE]``); a read that shows a fault still returns the
+events before it and sets :attr:`DecodeLeg.fault`. The lifecycle awaits each read itself and
+forwards its events in one write; ``EngineClient`` yields them; probes and preflight only need
+:meth:`DecodeLeg.read_to_end`.
 
 What an engine sends is bounded, so a broken engine cannot exhaust the router's memory: a
 prefill reply over :data:`MAX_REPLY_BYTES` (the transport stops reading one byte past it) and an
@@ -22,19 +28,24 @@ SSE event still unfinished past :data:`MAX_EVENT_BYTES` are malformed responses 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
-from narwhal.core.descriptor import DescriptorError, validate_descriptor
+from narwhal.core.descriptor import DescriptorError, prefill_kv_params, validate_descriptor
 from narwhal.core.errors import DONE_BEFORE_TOKEN_TEXT, SILENCE_TEXT, Fault, FaultKind, fault
 from narwhal.core.jsonparse import parse_json
 from narwhal.core.ports import (
     Burst,
     Chunk,
     ChunkResult,
+    Clock,
     ConnectFailed,
     Reply,
+    StreamOpened,
     TimedOut,
+    Transport,
 )
+from narwhal.core.requests import ClientRequest, prefill_body
+from narwhal.core.retry import handoff_too_old
 from narwhal.core.sse import EventKind, SseEvent, SseParser, SseTooLarge
 
 # Generous: a vLLM reply or event carrying prompt logprobs of a long prompt runs to megabytes.
@@ -42,20 +53,12 @@ MAX_REPLY_BYTES = 16 * 1024 * 1024
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 
 
-class LegFault(Exception):
-    """A fault ended a leg; ``fault`` says which, with its status and the engine charged."""
-
-    def __init__(self, failure: Fault) -> None:
-        super().__init__(failure.message)
-        self.fault = failure
-
-
-def connect_fault(result: ConnectFailed, engine: str, phase: str) -> Fault:
+def _connect_fault(result: ConnectFailed, engine: str, phase: str) -> Fault:
     kind = FaultKind.REFUSED if result.reason == "refused" else FaultKind.RESET
     return fault(kind, f"{phase} engine {result.reason}", engine=engine, phase=phase)
 
 
-def http_fault(status: int, raw: bytes, engine: str, phase: str) -> Fault:
+def _http_fault(status: int, raw: bytes, engine: str, phase: str) -> Fault:
     """A non-200 answer: 4xx passed through as is (body kept), anything else a 502."""
     if 400 <= status < 500:
         try:
@@ -75,12 +78,27 @@ def http_fault(status: int, raw: bytes, engine: str, phase: str) -> Fault:
     )
 
 
+def stale_handoff(started_at: float, now: float, max_handoff_age_s: float) -> Fault | None:
+    """The fault of a handoff too old to decode (its producer may have freed the blocks)."""
+    if not handoff_too_old(started_at, now, max_handoff_age_s):
+        return None
+    return fault(
+        FaultKind.HANDOFF_TOO_OLD,
+        f"handoff older than max_handoff_age_s ({max_handoff_age_s:g} s)",
+        engine=None,
+        phase="decode",
+    )
+
+
+# ---------------------------------------------------------------- the prefill leg
+
+
 def read_prefill(
     reply: Reply, producer: str, connector: str, pinned_side_channel: str | None
 ) -> dict[str, Any] | Fault:
     """The validated descriptor of a prefill reply, or the fault it shows."""
     if reply.status != 200:
-        return http_fault(reply.status, reply.body, producer, "prefill")
+        return _http_fault(reply.status, reply.body, producer, "prefill")
     if len(reply.body) > MAX_REPLY_BYTES:
         return fault(
             FaultKind.MALFORMED_RESPONSE,
@@ -112,86 +130,177 @@ def read_prefill(
         )
 
 
-def timeout_fault(
-    consumer: str,
-    bound: float,
-    request_deadline: float,
-    got_token: bool,
-    first_token_timeout_s: float,
-    decode_read_timeout_s: float,
-) -> Fault:
-    """Which timeout a decode read hit: the request deadline, first token, or silence."""
-    if bound >= request_deadline:
-        return fault(
-            FaultKind.DEADLINE,
-            "request deadline passed while decoding",
-            engine=None,
-            phase="decode",
-        )
-    if not got_token:
-        return fault(
-            FaultKind.FIRST_TOKEN_TIMEOUT,
-            f"engine produced no token within first_token_timeout_s ({first_token_timeout_s:g} s)",
-            engine=consumer,
-            phase="decode",
-        )
-    return fault(
-        FaultKind.SILENCE,
-        f"{SILENCE_TEXT} (no chunk for decode_read_timeout_s = {decode_read_timeout_s:g} s)",
-        engine=consumer,
-        phase="decode",
+class PrefillOutcome:
+    """What one prefill leg came to: the validated descriptor, or the fault that ended it."""
+
+    __slots__ = ("descriptor", "fault", "replied_at", "started_at")
+
+    def __init__(
+        self,
+        started_at: float,
+        replied_at: float | None,
+        descriptor: dict[str, Any] | None,
+        fault: Fault | None,
+    ) -> None:
+        self.started_at: Final = started_at  # when the leg started: the handoff's age starts
+        self.replied_at: Final = replied_at  # when the producer's reply came (None: never)
+        self.descriptor: Final = descriptor  # None exactly when ``fault`` is set
+        self.fault: Final = fault
+
+
+async def prefill_leg(
+    transport: Transport,
+    clock: Clock,
+    producer: str,
+    request: ClientRequest,
+    *,
+    backend_request_id: str,
+    connector: str,
+    pinned_side_channel: str | None,
+    deadline: float,
+    max_handoff_age_s: float | None,
+) -> PrefillOutcome:
+    """Run the one-token, non-streaming prefill of ``request`` on ``producer``.
+
+    The leg is bounded by ``deadline`` and, unless ``max_handoff_age_s`` is None, by the
+    handoff's age: waiting past it only wastes the deadline, since the handoff is then unusable.
+    """
+    started = clock.now()
+    age_bound = deadline if max_handoff_age_s is None else started + max_handoff_age_s
+    leg_deadline = min(deadline, age_bound)
+    kv_params = prefill_kv_params(connector, transfer_id=backend_request_id)
+    result = await transport.call(
+        producer,
+        "POST",
+        request.endpoint,
+        prefill_body(request, kv_params),
+        {"X-Request-Id": backend_request_id},
+        leg_deadline,
     )
+    if isinstance(result, TimedOut):
+        if leg_deadline < deadline:
+            failure = fault(
+                FaultKind.HANDOFF_TOO_OLD,
+                f"prefill took longer than max_handoff_age_s ({max_handoff_age_s:g} s)",
+                engine=producer,
+                phase="prefill",
+            )
+        else:
+            failure = fault(
+                FaultKind.DEADLINE,
+                "request deadline passed during prefill",
+                engine=None,
+                phase="prefill",
+            )
+        return PrefillOutcome(started, None, None, failure)
+    if isinstance(result, ConnectFailed):
+        return PrefillOutcome(started, None, None, _connect_fault(result, producer, "prefill"))
+    replied = clock.now()
+    read = read_prefill(result, producer, connector, pinned_side_channel)
+    if isinstance(read, Fault):
+        return PrefillOutcome(started, replied, None, read)
+    return PrefillOutcome(started, replied, read, None)
 
 
-class DecodeReader:
-    """The rules of one decode stream as a sans-IO object: the deadline for the next read, and
-    what each read means.
+# ---------------------------------------------------------------- the decode leg
 
-    ``read(result, now)`` turns one transport result into the ``(arrival time, event)`` pairs
-    it carries (tokens, metadata, and a final ``[DONE]`` after at least one token), in order.
-    When the read shows a fault (a timeout, an early close, an in-band error, malformed data,
-    ``[DONE]`` before any token) the events before it are still returned and :attr:`fault` is
-    set; nothing is read after a fault or after ``[DONE]``. A :class:`Burst` is taken read by
-    read, each at its own arrival time, exactly as if the reads had come one at a time.
+
+class DecodeLeg:
+    """One decode stream on ``consumer``: its deadlines, and what each read of it means.
+
+    ``first_token_timeout_s`` runs from the leg's creation (the open's connect and header delays
+    count) until the first generated token. :meth:`read` turns one transport result into the
+    ``(arrival time, event)`` pairs it carries, in order; when the read shows a fault the events
+    before it are still returned and :attr:`fault` is set. Nothing is read after a fault or
+    after ``[DONE]`` (:attr:`done`). A :class:`Burst` is taken read by read, each at its own
+    arrival time, exactly as if the reads had come one at a time.
     """
 
     __slots__ = (
+        "clock",
         "consumer",
         "deadline",
         "decode_read_timeout_s",
+        "delivered",
         "done",
         "fault",
         "first_token_timeout_s",
         "got_token",
+        "handle",
         "parser",
         "request_deadline",
+        "transport",
     )
 
     def __init__(
         self,
+        transport: Transport,
+        clock: Clock,
         consumer: str,
         *,
-        first_token_at: float,
         first_token_timeout_s: float,
         decode_read_timeout_s: float,
         request_deadline: float,
     ) -> None:
+        self.transport = transport
+        self.clock = clock
         self.consumer = consumer
-        self.deadline = first_token_at  # until the first token; then silence or the request's
         self.first_token_timeout_s = first_token_timeout_s
         self.decode_read_timeout_s = decode_read_timeout_s
         self.request_deadline = request_deadline
+        # until the first token; then silence or the request's
+        self.deadline = min(request_deadline, clock.now() + first_token_timeout_s)
+        self.handle: Any = None  # the open stream (None: not open, or closed)
+        # False only when the request surely never reached the consumer (its connection was
+        # refused): only then is a handoff sent in it still the sender's to release. After a
+        # reset or a timeout the consumer may have it, and may be pulling its blocks.
+        self.delivered = False
         self.got_token = False
         self.done = False
         self.fault: Fault | None = None
         self.parser = SseParser(max_event_bytes=MAX_EVENT_BYTES)
 
+    async def open(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Fault | None:
+        """Open the stream; the fault (also kept in :attr:`fault`) when it did not open as a
+        200 stream. Whatever it opened is closed by :meth:`close`."""
+        opened = await self.transport.open_stream(self.consumer, path, body, headers, self.deadline)
+        self.delivered = not (isinstance(opened, ConnectFailed) and opened.reason == "refused")
+        if isinstance(opened, TimedOut):
+            self.fault = self._timeout()
+        elif isinstance(opened, ConnectFailed):
+            self.fault = _connect_fault(opened, self.consumer, "decode")
+        else:
+            assert isinstance(opened, StreamOpened)
+            self.handle = opened.handle
+            if opened.status != 200:
+                self.fault = _http_fault(opened.status, opened.body, self.consumer, "decode")
+        return self.fault
+
+    async def next_read(self) -> list[tuple[float, SseEvent]]:
+        """Await the stream's next read under the current deadline; its events (see
+        :meth:`read`)."""
+        result = await self.transport.next_chunk(self.handle, self.deadline)
+        return self.read(result, self.clock.now())
+
+    async def read_to_end(self) -> Fault | None:
+        """Read the open stream to its end, dropping the events: None after a generated token
+        and ``[DONE]``, else the fault that ended it."""
+        while self.fault is None and not self.done:
+            await self.next_read()
+        return self.fault
+
+    def close(self) -> None:
+        """Abandon the stream, if one is open (synchronous: safe in ``finally``)."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            self.transport.close_stream(handle)
+
     def read(self, result: ChunkResult, now: float) -> list[tuple[float, SseEvent]]:
         """The events of one read result, each with its arrival time (see the class)."""
         out: list[tuple[float, SseEvent]] = []
-        if type(result) is Chunk:  # checked first: nearly every live read is a chunk
+        if isinstance(result, Chunk):
             self._take(now, result.data, out)
-        elif type(result) is Burst:
+        elif isinstance(result, Burst):
             for at, data in result.reads:
                 if at >= self.deadline:
                     self.fault = self._timeout()
@@ -211,19 +320,34 @@ class DecodeReader:
         return out
 
     def _timeout(self) -> Fault:
-        return timeout_fault(
-            self.consumer,
-            self.deadline,
-            self.request_deadline,
-            self.got_token,
-            self.first_token_timeout_s,
-            self.decode_read_timeout_s,
+        """Which deadline the read in progress hit: the request's, first token, or silence."""
+        if self.deadline >= self.request_deadline:
+            return fault(
+                FaultKind.DEADLINE,
+                "request deadline passed while decoding",
+                engine=None,
+                phase="decode",
+            )
+        if not self.got_token:
+            return fault(
+                FaultKind.FIRST_TOKEN_TIMEOUT,
+                "engine produced no token within first_token_timeout_s "
+                f"({self.first_token_timeout_s:g} s)",
+                engine=self.consumer,
+                phase="decode",
+            )
+        return fault(
+            FaultKind.SILENCE,
+            f"{SILENCE_TEXT} (no chunk for decode_read_timeout_s = "
+            f"{self.decode_read_timeout_s:g} s)",
+            engine=self.consumer,
+            phase="decode",
         )
 
     def _take(self, at: float, data: bytes, out: list[tuple[float, SseEvent]]) -> None:
         """One transport read that arrived at ``at``."""
         try:
-            events = self.parser.feed(data)  # a direct call when compiled (a bound method is not)
+            events = self.parser.feed(data)
         except SseTooLarge:
             self.fault = fault(
                 FaultKind.MALFORMED_RESPONSE,
@@ -269,4 +393,4 @@ class DecodeReader:
         if self.got_token:  # any chunk, metadata too, resets the silence timer
             timeout = self.decode_read_timeout_s
             bound = at + timeout if timeout > 0 else self.request_deadline
-            self.deadline = bound if bound < self.request_deadline else self.request_deadline
+            self.deadline = min(bound, self.request_deadline)

@@ -28,29 +28,14 @@ from __future__ import annotations
 from typing import Any
 
 from narwhal.core.assemble import ResponseAssembler
-from narwhal.core.descriptor import prefill_kv_params
 from narwhal.core.errors import Fault, FaultKind, fault
-from narwhal.core.legs import (
-    DecodeReader,
-    connect_fault,
-    http_fault,
-    read_prefill,
-    timeout_fault,
-)
+from narwhal.core.legs import DecodeLeg, prefill_leg, stale_handoff
 from narwhal.core.placement import Reservation
 from narwhal.core.policies import Policies
-from narwhal.core.ports import (
-    ClientGone,
-    ClientSink,
-    ConnectFailed,
-    Ports,
-    StreamOpened,
-    TimedOut,
-    never_delivered,
-)
+from narwhal.core.ports import ClientGone, ClientSink, Ports
 from narwhal.core.records import RequestRecord
-from narwhal.core.requests import ClientRequest, decode_body, prefill_body
-from narwhal.core.retry import Deadline, handoff_too_old
+from narwhal.core.requests import ClientRequest, decode_body
+from narwhal.core.retry import Deadline
 from narwhal.core.sse import EventKind, encode_data_event
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
@@ -89,7 +74,7 @@ class _Lifecycle:
         self.ttft_s: float | None = None
         self.first_byte_s: float | None = None
         self.shortest_attempt_s: float | None = None  # a retry must have at least this left
-        self.open_stream: Any = None
+        self.decode_leg: DecodeLeg | None = None  # the attempt's decode stream, if opened
         self.unused_handoff: tuple[str, dict[str, Any]] | None = None
         self.final: tuple[int, str, str | None] | None = None  # status, outcome, error
         self.record: RequestRecord | None = None  # written once, on every path
@@ -204,9 +189,9 @@ class _Lifecycle:
         for reservation in self.held:
             reservation.release()
         self.held.clear()
-        if self.open_stream is not None:
-            handle, self.open_stream = self.open_stream, None
-            self.ports.transport.close_stream(handle)
+        if self.decode_leg is not None:
+            leg, self.decode_leg = self.decode_leg, None
+            leg.close()
         if self.unused_handoff is not None:
             producer, descriptor = self.unused_handoff
             self.unused_handoff = None
@@ -234,7 +219,7 @@ class _Lifecycle:
         )
 
     async def _attempt(self) -> Fault | None:
-        clock, transport, policies = self.ports.clock, self.ports.transport, self.policies
+        clock, policies = self.ports.clock, self.policies
         self._epochs = {}
         self._producer = None
         now = clock.now()
@@ -249,46 +234,25 @@ class _Lifecycle:
             return self._no_engine("prefill")
         self._producer = producer
         prefill_slot = self._reserve(producer, "prefill", now)
-        connector = policies.kv_connector
-        prefill_id = policies.new_id(f"{self.request.request_id}-p{self.attempts}")
-        kv_params = prefill_kv_params(connector, transfer_id=prefill_id)
-        leg_started = now
-        age_bound = leg_started + self.engine_cfg.max_handoff_age_s
-        leg_deadline = min(self.deadline.at, age_bound)
-        result = await transport.call(
+        prefilled = await prefill_leg(
+            self.ports.transport,
+            clock,
             producer,
-            "POST",
-            self.request.endpoint,
-            prefill_body(self.request, kv_params),
-            {"X-Request-Id": prefill_id},
-            leg_deadline,
+            self.request,
+            backend_request_id=policies.new_id(f"{self.request.request_id}-p{self.attempts}"),
+            connector=policies.kv_connector,
+            pinned_side_channel=policies.pinned_side_channel(producer),
+            deadline=self.deadline.at,
+            max_handoff_age_s=self.engine_cfg.max_handoff_age_s,
         )
         prefill_slot.release()
+        if prefilled.replied_at is not None:  # the producer's HTTP leg completed
+            self.ttft_s = prefilled.replied_at - self.request.arrival
+        if prefilled.fault is not None:
+            return prefilled.fault
+        descriptor = prefilled.descriptor
+        assert descriptor is not None
         now = clock.now()
-        if isinstance(result, TimedOut):
-            if leg_deadline < self.deadline.at:
-                return fault(
-                    FaultKind.HANDOFF_TOO_OLD,
-                    f"prefill took longer than max_handoff_age_s "
-                    f"({self.engine_cfg.max_handoff_age_s:g} s)",
-                    engine=producer,
-                    phase="prefill",
-                )
-            return fault(
-                FaultKind.DEADLINE,
-                "request deadline passed during prefill",
-                engine=None,
-                phase="prefill",
-            )
-        if isinstance(result, ConnectFailed):
-            return connect_fault(result, producer, "prefill")
-        self.ttft_s = now - self.request.arrival  # the producer's HTTP leg completed
-        descriptor_or_fault = read_prefill(
-            result, producer, connector, policies.pinned_side_channel(producer)
-        )
-        if isinstance(descriptor_or_fault, Fault):
-            return descriptor_or_fault
-        descriptor = descriptor_or_fault
         policies.breaker.on_success(producer, self._epochs[producer], now, phase="prefill")
         self.unused_handoff = (producer, descriptor)
 
@@ -296,13 +260,9 @@ class _Lifecycle:
         if consumer is None:
             return self._no_engine("decode")
         self._reserve(consumer, "decode", now)
-        if handoff_too_old(leg_started, now, self.engine_cfg.max_handoff_age_s):
-            return fault(
-                FaultKind.HANDOFF_TOO_OLD,
-                f"handoff older than max_handoff_age_s ({self.engine_cfg.max_handoff_age_s:g} s)",
-                engine=None,
-                phase="decode",
-            )
+        too_old = stale_handoff(prefilled.started_at, now, self.engine_cfg.max_handoff_age_s)
+        if too_old is not None:
+            return too_old
         crossed = consumer != producer
         body = decode_body(self.request, descriptor if crossed else None)
         return await self._decode(
@@ -318,47 +278,31 @@ class _Lifecycle:
         self, consumer: str, body: dict[str, Any], decode_id: str, *, pulls: bool
     ) -> Fault | None:
         """Stream the decode leg to the client; ``pulls``: the consumer pulls the handoff."""
-        clock, transport, cfg = self.ports.clock, self.ports.transport, self.engine_cfg
-        now = clock.now()
-        first_token_at = min(self.deadline.at, now + cfg.first_token_timeout_s)
-        opened = await transport.open_stream(
-            consumer, self.request.endpoint, body, {"X-Request-Id": decode_id}, first_token_at
-        )
-        if pulls and not never_delivered(opened):
-            # The consumer has the descriptor and owns the pull from here on. A refused
-            # connection never delivered it: the handoff stays unused and is released.
-            self.unused_handoff = None
-        if isinstance(opened, TimedOut):
-            return timeout_fault(
-                consumer,
-                first_token_at,
-                self.deadline.at,
-                False,
-                cfg.first_token_timeout_s,
-                cfg.decode_read_timeout_s,
-            )
-        if isinstance(opened, ConnectFailed):
-            return connect_fault(opened, consumer, "decode")
-        assert isinstance(opened, StreamOpened)
-        self.open_stream = opened.handle
-        if opened.status != 200:
-            return http_fault(opened.status, opened.body, consumer, "decode")
-        pending_metadata: list[bytes] = []
-        assembler = None if self.request.stream else ResponseAssembler(self.request.endpoint)
-        if not self.committed:  # an earlier attempt's tokens were never shown: count afresh
-            self.got_token, self.tokens, self.first_byte_s = False, 0, None
-        reader = DecodeReader(
+        cfg = self.engine_cfg
+        leg = self.decode_leg = DecodeLeg(
+            self.ports.transport,
+            self.ports.clock,
             consumer,
-            first_token_at=first_token_at,
             first_token_timeout_s=cfg.first_token_timeout_s,
             decode_read_timeout_s=cfg.decode_read_timeout_s,
             request_deadline=self.deadline.at,
         )
-        next_chunk, handle = transport.next_chunk, opened.handle
-        while True:  # one plain loop per stream: this is the hot path of every request
-            result = await next_chunk(handle, reader.deadline)
+        failure = await leg.open(self.request.endpoint, body, {"X-Request-Id": decode_id})
+        if pulls and leg.delivered:
+            # The consumer has the descriptor and owns the pull from here on. A refused
+            # connection never delivered it: the handoff stays unused and is released.
+            self.unused_handoff = None
+        if failure is not None:
+            return failure
+        pending_metadata: list[bytes] = []
+        assembler = None if self.request.stream else ResponseAssembler(self.request.endpoint)
+        if not self.committed:  # an earlier attempt's tokens were never shown: count afresh
+            self.got_token, self.tokens, self.first_byte_s = False, 0, None
+        clock, transport = self.ports.clock, self.ports.transport
+        while True:
+            result = await transport.next_chunk(leg.handle, leg.deadline)
             out: list[bytes] = []  # what this read forwards, sent in one write
-            for at, event in reader.read(result, clock.now()):
+            for at, event in leg.read(result, clock.now()):
                 kind = event.kind
                 if kind is EventKind.TOKEN:
                     if not self.got_token:
@@ -387,16 +331,16 @@ class _Lifecycle:
                     await self._succeed(consumer, at, event.wire(), assembler)
                     return None
             if out:
-                await self.sink.send(b"".join(out))  # a lone item comes back as is, uncopied
-            if reader.fault is not None:
-                return reader.fault
+                await self.sink.send(b"".join(out))
+            if leg.fault is not None:
+                return leg.fault
 
     async def _succeed(
         self, consumer: str, now: float, done_wire: bytes, assembler: ResponseAssembler | None
     ) -> None:
         self.policies.breaker.on_success(consumer, self._epochs[consumer], now, phase="decode")
         self.final = (200, "ok", None)
-        if self.policies.log.enabled:  # (every request: skip the call when nothing keeps it)
+        if self.policies.log.enabled:
             self.policies.log.add(
                 now,
                 "status",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from typing import Final
 
 from narwhal.core.breaker import Breaker
 from narwhal.core.config import Role
@@ -24,25 +24,17 @@ from narwhal.core.records import DecisionLog
 PHASES = ("prefill", "decode")
 
 
-@dataclass
 class Reservation:
-    """A prefill or decode slot held on one engine by one attempt."""
+    """A prefill or decode slot held on one engine by one attempt, until :meth:`release`."""
 
-    url: str
-    phase: str
-    epoch: int
-    _placement: Placement = field(repr=False)
-    released: bool = False
+    __slots__ = ("_placement", "epoch", "phase", "released", "url")
 
-    def __init__(
-        self, url: str, phase: str, epoch: int, _placement: Placement, released: bool = False
-    ) -> None:
-        # written out as the dataclass would: compiled, direct writes (see core.ports.Reply)
-        self.url = url
-        self.phase = phase
-        self.epoch = epoch
-        self._placement = _placement
-        self.released = released
+    def __init__(self, url: str, phase: str, epoch: int, placement: Placement) -> None:
+        self.url: Final = url
+        self.phase: Final = phase
+        self.epoch: Final = epoch  # the engine's breaker epoch when it was placed
+        self._placement: Final = placement
+        self.released = False
 
     def release(self) -> None:
         if not self.released:
@@ -77,9 +69,8 @@ class Placement:
 
     def choose(self, phase: str, now: float, avoid: Collection[str] = ()) -> str | None:
         """The engine for ``phase``, or None when no engine of that role is eligible."""
-        # One pass (it runs for every leg): the least loaded eligible engines, in config order,
-        # kept apart for engines to avoid, which are chosen only when no other is eligible.
-        # (methods called on their objects, not through bound methods: direct calls compiled)
+        # One pass: the least loaded eligible engines, in config order, kept apart for engines
+        # to avoid, which are chosen only when no other is eligible.
         breaker, counts = self._breaker, self.counts
         tied: list[str] = []
         least = 0
@@ -105,7 +96,7 @@ class Placement:
 
     def reserve(self, url: str, phase: str, now: float, request_id: str) -> Reservation:
         self.counts[url][phase] += 1
-        if self._log.enabled:  # (twice a request: skip building the call when nothing keeps it)
+        if self._log.enabled:
             self._log.add(now, "place", url, phase=phase, request=request_id)
         return Reservation(url, phase, self._breaker.epoch(url), self)
 

@@ -8,97 +8,74 @@ Theory of operation: core coroutines (``async def``) await only objects returned
 ports. Live, the port methods are real coroutines scheduled by anyio. In the simulation, they
 return small awaitables that yield a request to a driver, which turns it into SimPy events and
 sends the result back. Deadlines are absolute times on the port's clock and are passed as
-arguments; core never starts timers of its own. Results are immutable values, never exceptions,
-so that one lifecycle handles every outcome explicitly. The only exception that crosses a port is
-:class:`ClientGone` (the client went away), raised by the client sink, and whatever cancellation
-the driver uses; core cleans up in ``finally`` blocks with synchronous calls only.
+arguments; core never starts timers of its own. Results are values, never exceptions, so that one
+lifecycle handles every outcome explicitly; their attributes are ``Final`` (the type checker
+refuses a write). The only exception that crosses a port is :class:`ClientGone` (the client went
+away), raised by the client sink, and whatever cancellation the driver uses; core cleans up in
+``finally`` blocks with synchronous calls only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 # ---------------------------------------------------------------- engine-call results
 
 
-@dataclass(frozen=True)
 class Reply:
     """A complete (non-streaming) HTTP response from an engine."""
 
-    status: int
-    body: bytes
-    headers: tuple[tuple[str, str], ...] = ()
+    __slots__ = ("body", "headers", "status")
 
     def __init__(self, status: int, body: bytes, headers: tuple[tuple[str, str], ...] = ()) -> None:
-        # Frozen values made on every request define ``__init__`` themselves, exactly as the
-        # dataclass would: compiled (mypyc), it writes the slots directly, where the generated
-        # one runs in the interpreter at ~1,000 instructions a field (callgrind).
-        object.__setattr__(self, "status", status)
-        object.__setattr__(self, "body", body)
-        object.__setattr__(self, "headers", headers)
+        self.status: Final = status
+        self.body: Final = body
+        self.headers: Final = headers
 
 
-@dataclass(frozen=True)
 class ConnectFailed:
     """The engine could not be reached or dropped the connection before a full response."""
 
-    reason: str  # "refused" | "reset" | free text from the transport
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason: Final = reason  # "refused" | "reset" | free text from the transport
 
 
-def never_delivered(result: object) -> bool:
-    """Whether the request surely never reached the engine (its connection was refused).
-
-    Only then is a handoff sent in that request still the sender's to release: after a reset or
-    a timeout the engine may have it, and may be pulling its blocks.
-    """
-    return isinstance(result, ConnectFailed) and result.reason == "refused"
-
-
-@dataclass(frozen=True)
 class TimedOut:
     """The deadline passed before the awaited thing happened."""
+
+    __slots__ = ()
 
 
 CallResult = Reply | ConnectFailed | TimedOut
 
 
-class StreamHandle(Protocol):
-    """An open upstream stream; opaque to core except for its status and error body."""
-
-    @property
-    def status(self) -> int: ...
-
-
-@dataclass(frozen=True)
 class StreamOpened:
     """Response headers arrived. ``body`` holds the whole body when ``status != 200``."""
 
-    handle: Any
-    status: int
-    body: bytes = b""
+    __slots__ = ("body", "handle", "status")
 
-    def __init__(self, handle: Any, status: int, body: bytes = b"") -> None:  # see Reply
-        object.__setattr__(self, "handle", handle)
-        object.__setattr__(self, "status", status)
-        object.__setattr__(self, "body", body)
+    def __init__(self, handle: Any, status: int, body: bytes = b"") -> None:
+        self.handle: Final = handle
+        self.status: Final = status
+        self.body: Final = body
 
 
 OpenResult = StreamOpened | ConnectFailed | TimedOut
 
 
-@dataclass(frozen=True)
 class Chunk:
     """Bytes read from an upstream stream (any transport chunk, metadata or not)."""
 
-    data: bytes
+    __slots__ = ("data",)
 
-    def __init__(self, data: bytes) -> None:  # see Reply
-        object.__setattr__(self, "data", data)
+    def __init__(self, data: bytes) -> None:
+        self.data: Final = data
 
 
-@dataclass(frozen=True)
 class Burst:
     """Several reads handed over at once, oldest first, each as ``(arrival time, bytes)``.
 
@@ -111,15 +88,16 @@ class Burst:
     not depend on how the reads were grouped.
     """
 
-    reads: tuple[tuple[float, bytes], ...]
+    __slots__ = ("reads",)
 
-    def __init__(self, reads: tuple[tuple[float, bytes], ...]) -> None:  # see Reply
-        object.__setattr__(self, "reads", reads)
+    def __init__(self, reads: tuple[tuple[float, bytes], ...]) -> None:
+        self.reads: Final = reads
 
 
-@dataclass(frozen=True)
 class StreamEnd:
     """The upstream closed the stream cleanly (EOF)."""
+
+    __slots__ = ()
 
 
 ChunkResult = Chunk | Burst | StreamEnd | ConnectFailed | TimedOut

@@ -20,25 +20,29 @@ from collections.abc import Callable
 from typing import Any
 
 from narwhal.core.breaker import ProbeOutcome
-from narwhal.core.decode_events import stream_events
-from narwhal.core.descriptor import prefill_kv_params
-from narwhal.core.errors import Fault
 from narwhal.core.jsonparse import parse_json
-from narwhal.core.legs import LegFault, read_prefill
+from narwhal.core.legs import DecodeLeg, prefill_leg
 from narwhal.core.policies import Policies
-from narwhal.core.ports import ConnectFailed, Ports, Reply, StreamOpened, TimedOut, never_delivered
-from narwhal.core.requests import COMPLETIONS
-from narwhal.core.sse import EventKind
+from narwhal.core.ports import ConnectFailed, Ports, Reply, TimedOut
+from narwhal.core.requests import COMPLETIONS, ClientRequest
 
 PROBE_PROMPT = "narwhal probe"
 HEALTH_TIMEOUT_S = 5.0
 
 
 def probe_request(policies: Policies, max_tokens: int) -> dict[str, Any]:
+    """The client body of a probe: a short greedy completion (of the pinned model, if any)."""
     body: dict[str, Any] = {"prompt": PROBE_PROMPT, "max_tokens": max_tokens, "temperature": 0}
     if policies.config.engine_contract is not None:
         body["model"] = policies.config.engine_contract.model
     return body
+
+
+def probe_client_request(
+    policies: Policies, max_tokens: int, request_id: str, now: float
+) -> ClientRequest:
+    """:func:`probe_request` as the client request the legs are built from."""
+    return ClientRequest(request_id, COMPLETIONS, probe_request(policies, max_tokens), now)
 
 
 async def contract_problems(url: str, ports: Ports, policies: Policies) -> list[str]:
@@ -80,18 +84,19 @@ def _json_field(result: object, key: str) -> Any:
 async def _prefill_leg(producer: str, ports: Ports, policies: Policies) -> dict[str, Any] | None:
     """A probe prefill on ``producer``: the validated descriptor, or None if it failed."""
     request_id = policies.new_id("probe-p")
-    body = probe_request(policies, 1)
-    body["stream"] = False
-    connector = policies.config.kv_connector
-    body["kv_transfer_params"] = prefill_kv_params(connector, transfer_id=request_id)
-    deadline = ports.clock.now() + policies.config.engine.first_token_timeout_s
-    reply = await ports.transport.call(
-        producer, "POST", COMPLETIONS, body, {"X-Request-Id": request_id}, deadline
+    now = ports.clock.now()
+    prefilled = await prefill_leg(
+        ports.transport,
+        ports.clock,
+        producer,
+        probe_client_request(policies, 1, request_id, now),
+        backend_request_id=request_id,
+        connector=policies.kv_connector,
+        pinned_side_channel=policies.pinned_side_channel(producer),
+        deadline=now + policies.config.engine.first_token_timeout_s,
+        max_handoff_age_s=None,  # bounded by first_token_timeout_s alone, as every probe leg
     )
-    if not isinstance(reply, Reply):
-        return None
-    result = read_prefill(reply, producer, connector, policies.pinned_side_channel(producer))
-    return None if isinstance(result, Fault) else result
+    return prefilled.descriptor
 
 
 async def _decode_leg(
@@ -108,34 +113,22 @@ async def _decode_leg(
     if descriptor is not None:
         body["kv_transfer_params"] = descriptor
     timeout = policies.config.engine.first_token_timeout_s
-    deadline = ports.clock.now() + timeout
+    leg = DecodeLeg(  # the whole leg within first_token_timeout_s
+        ports.transport,
+        ports.clock,
+        consumer,
+        first_token_timeout_s=timeout,
+        decode_read_timeout_s=timeout,
+        request_deadline=ports.clock.now() + timeout,
+    )
     headers = {"X-Request-Id": policies.new_id("probe-d")}
-    opened = await ports.transport.open_stream(consumer, COMPLETIONS, body, headers, deadline)
-    if producer is not None and descriptor is not None and never_delivered(opened):
-        ports.transport.release_handoff(producer, descriptor)
-    if not isinstance(opened, StreamOpened):
-        return False
     try:
-        if opened.status != 200:
-            return False
-        events = stream_events(
-            ports.transport,
-            ports.clock,
-            opened.handle,
-            consumer,
-            first_token_at=deadline,
-            first_token_timeout_s=timeout,
-            decode_read_timeout_s=timeout,
-            request_deadline=deadline,
-        )
-        async for _, event in events:
-            if event.kind is EventKind.DONE:
-                return True
-        return False
-    except LegFault:
-        return False
+        failure = await leg.open(COMPLETIONS, body, headers)
+        if producer is not None and descriptor is not None and not leg.delivered:
+            ports.transport.release_handoff(producer, descriptor)
+        return failure is None and await leg.read_to_end() is None
     finally:
-        ports.transport.close_stream(opened.handle)
+        leg.close()
 
 
 async def probe_engine(url: str, ports: Ports, policies: Policies) -> ProbeOutcome:

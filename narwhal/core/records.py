@@ -4,22 +4,21 @@ Rule kept here: records are immutable values appended in the order decisions are
 reads the clock here, callers pass ``now``. The decision log is what the parity test compares
 between the simulator and the live router.
 
-(:class:`RequestRecord` lives in :mod:`narwhal.core.request_record`, which the optional compiled
-build compiles; this module is not compiled because the live router subclasses
-:class:`DecisionLog`. It is re-exported here.)
+Theory of operation: every policy object of a router appends to one :class:`DecisionLog`. A
+driver that must react to decisions as they are made (the live router's metrics) gives the log
+an ``on_decision`` callback instead of extending it, and a router that runs for weeks bounds
+what it holds with ``keep``. A :class:`RequestRecord` is written once per client request, when
+it ends, and handed to ``Policies.on_record``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from narwhal.core.request_record import RequestRecord
-
-__all__ = ["Decision", "DecisionLog", "RequestRecord"]
+from typing import Any, Final
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     """One policy decision: a placement, an ejection, a readmission, a client status..."""
 
@@ -34,16 +33,91 @@ class Decision:
 
 @dataclass
 class DecisionLog:
-    """An append-only list of :class:`Decision`; ``enabled=False`` keeps nothing (hot paths).
+    """An append-only list of :class:`Decision`; ``enabled=False`` keeps nothing.
 
-    A disabled log is a no-op, so hot callers may skip calling :meth:`add` when ``enabled`` is
-    False (building the call costs more than the check); a subclass that must see every
-    decision keeps ``enabled`` True.
+    ``on_decision``, when given, is called with each decision as it is added. ``keep``, when
+    given, bounds the memory: once more than twice that many are held, all but the newest
+    ``keep`` are dropped. A disabled log calls nothing, so a caller may skip building a call to
+    :meth:`add` when ``enabled`` is False.
     """
 
     enabled: bool = True
     entries: list[Decision] = field(default_factory=list)
+    on_decision: Callable[[Decision], None] | None = None
+    keep: int | None = None
 
     def add(self, t: float, kind: str, engine: str | None = None, **detail: Any) -> None:
-        if self.enabled:
-            self.entries.append(Decision(t, kind, engine, tuple(sorted(detail.items()))))
+        if not self.enabled:
+            return
+        decision = Decision(t, kind, engine, tuple(sorted(detail.items())))
+        self.entries.append(decision)
+        if self.keep is not None and len(self.entries) > 2 * self.keep:
+            del self.entries[: -self.keep]
+        if self.on_decision is not None:
+            self.on_decision(decision)
+
+
+class RequestRecord:
+    """What one client request did. Durations are seconds from arrival at the router, on the
+    clock the caller passes."""
+
+    __slots__ = (
+        "arrival",
+        "attempts",
+        "committed",
+        "engines",
+        "error",
+        "finished_s",
+        "first_byte_s",
+        "outcome",
+        "output_tokens",
+        "request_id",
+        "status",
+        "ttft_s",
+    )
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        arrival: float,
+        status: int,
+        outcome: str,
+        committed: bool,
+        ttft_s: float | None,
+        first_byte_s: float | None,
+        finished_s: float,
+        attempts: int,
+        engines: tuple[str, ...],
+        output_tokens: int,
+        error: str | None = None,
+    ) -> None:
+        self.request_id: Final = request_id
+        self.arrival: Final = arrival
+        self.status: Final = status
+        self.outcome: Final = outcome  # "ok", the FaultKind value that ended it, "client_gone"
+        self.committed: Final = committed  # HTTP 200 was sent before the end (streaming)
+        self.ttft_s: Final = ttft_s  # producer HTTP leg completed (last attempt that got there)
+        # first generated decode output observed by the router (last attempt that got there)
+        self.first_byte_s: Final = first_byte_s
+        self.finished_s: Final = finished_s  # end of the request
+        self.attempts: Final = attempts
+        self.engines: Final = engines  # every engine used, in order (producer, consumer, ...)
+        self.output_tokens: Final = output_tokens  # generated-output events (last decode)
+        self.error: Final = error
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "arrival": self.arrival,
+            "status": self.status,
+            "outcome": self.outcome,
+            "committed": self.committed,
+            "ttft_s": self.ttft_s,
+            "first_byte_s": self.first_byte_s,
+            "finished_s": self.finished_s,
+            "attempts": self.attempts,
+            "engines": list(self.engines),
+            "output_tokens": self.output_tokens,
+            "error": self.error,
+        }

@@ -15,8 +15,7 @@ non-streaming clients; a non-streaming client gets the stream assembled into one
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from narwhal.core.jsoncopy import json_copy
 
@@ -31,23 +30,18 @@ class BadRequest(ValueError):
     """The client's request cannot be routed; the message is sent back with HTTP 400."""
 
 
-@dataclass(frozen=True)
 class ClientRequest:
     """A parsed, sanitised client request. ``body`` never holds ``kv_transfer_params``."""
 
-    request_id: str
-    endpoint: str
-    body: dict[str, Any]
-    arrival: float
+    __slots__ = ("arrival", "body", "endpoint", "request_id")
 
     def __init__(
         self, request_id: str, endpoint: str, body: dict[str, Any], arrival: float
     ) -> None:
-        # written out as the dataclass would: compiled, a direct write (see core.ports.Reply)
-        object.__setattr__(self, "request_id", request_id)
-        object.__setattr__(self, "endpoint", endpoint)
-        object.__setattr__(self, "body", body)
-        object.__setattr__(self, "arrival", arrival)
+        self.request_id: Final = request_id
+        self.endpoint: Final = endpoint
+        self.body: Final = body
+        self.arrival: Final = arrival  # on the router's clock
 
     @property
     def stream(self) -> bool:

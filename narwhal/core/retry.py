@@ -13,7 +13,7 @@ only wastes an engine). The handoff age starts when the producer HTTP leg starts
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Final
 
 
 class RetryBudget:
@@ -45,14 +45,13 @@ class RetryBudget:
         self.active_retries -= 1
 
 
-@dataclass(frozen=True)
 class Deadline:
     """The original request's deadline (absolute time on the port clock)."""
 
-    at: float
+    __slots__ = ("at",)
 
-    def __init__(self, at: float) -> None:  # compiled, a direct write (see core.ports.Reply)
-        object.__setattr__(self, "at", at)
+    def __init__(self, at: float) -> None:
+        self.at: Final = at
 
     def remaining(self, now: float) -> float:
         return self.at - now

@@ -76,33 +76,28 @@ class SseEvent:
 
     ``payload`` is the parsed JSON object (``None`` for DONE and MALFORMED); it is shared, not
     copied, so treat it as read-only. It takes no part in hashing. ``error_status`` and
-    ``error_message`` are set for ERROR events only.
+    ``error_message`` are read from it, for ERROR events only.
     """
 
     kind: EventKind
     data: str
     payload: dict[str, Any] | None = field(default=None, hash=False)
-    error_status: int | None = None
-    error_message: str | None = None
     encoded: bytes | None = field(default=None, compare=False, repr=False)
     """What :meth:`wire` returns, when the parser still had the event's bytes (no re-encoding)."""
 
-    def __init__(
-        self,
-        kind: EventKind,
-        data: str,
-        payload: dict[str, Any] | None = None,
-        error_status: int | None = None,
-        error_message: str | None = None,
-        encoded: bytes | None = None,
-    ) -> None:
-        # written out as the dataclass would: compiled, direct writes (see core.ports.Reply)
-        object.__setattr__(self, "kind", kind)
-        object.__setattr__(self, "data", data)
-        object.__setattr__(self, "payload", payload)
-        object.__setattr__(self, "error_status", error_status)
-        object.__setattr__(self, "error_message", error_message)
-        object.__setattr__(self, "encoded", encoded)
+    @property
+    def error_status(self) -> int | None:
+        """The HTTP status to report for an ERROR event (None for any other kind)."""
+        if self.kind is not EventKind.ERROR or self.payload is None:
+            return None
+        return _error_details(self.payload)[0]
+
+    @property
+    def error_message(self) -> str | None:
+        """The message of an ERROR event (None for any other kind)."""
+        if self.kind is not EventKind.ERROR or self.payload is None:
+            return None
+        return _error_details(self.payload)[1]
 
     def wire(self) -> bytes:
         """The event encoded for forwarding: a ``data: `` line per line of data, then a blank line.
@@ -121,7 +116,6 @@ class SseEvent:
 
 _DONE_WIRE = b"data: [DONE]\n\n"
 _DONE_EVENT = SseEvent(EventKind.DONE, _DONE, encoded=_DONE_WIRE)
-_NO_EVENT = SseEvent(EventKind.MALFORMED, "")  # a parser's "last event" before it has one
 
 
 def encode_data_event(payload: dict[str, Any]) -> bytes:
@@ -147,10 +141,8 @@ def classify(data: str, encoded: bytes | None = None) -> SseEvent:
     if not isinstance(payload, dict):
         return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
 
-    error = payload.get("error")
-    if error or payload.get("object") == "error":
-        status, message = _error_details(payload, error)
-        return SseEvent(EventKind.ERROR, data, payload, status, message, encoded)
+    if payload.get("error") or payload.get("object") == "error":
+        return SseEvent(EventKind.ERROR, data, payload, encoded)
     kind = EventKind.TOKEN if _has_output(payload) else EventKind.METADATA
     return SseEvent(kind, data, payload, encoded=encoded)
 
@@ -174,12 +166,13 @@ def _has_output(payload: dict[str, Any]) -> bool:
     return False
 
 
-def _error_details(payload: dict[str, Any], error: Any) -> tuple[int, str]:
+def _error_details(payload: dict[str, Any]) -> tuple[int, str]:
     """The HTTP status and message to report for an in-band error.
 
     ``{"error": {...}}`` (vLLM's shape) reads ``code`` and ``message`` inside the error object;
     ``{"object": "error", ...}`` (older vLLM) and ``{"error": "text"}`` read them at top level.
     """
+    error = payload.get("error")
     source: dict[str, Any] = error if isinstance(error, dict) else payload
     status = _http_error_code(source.get("code"))
     message = source.get("message")
@@ -206,13 +199,14 @@ def _http_error_code(code: Any) -> int:
     return DEFAULT_ERROR_STATUS
 
 
-def _classify_block(block: bytes) -> SseEvent:
-    """Classify one whole ``data: ...`` line (the parser's fast path), keeping its bytes."""
+def _classify_wire(wire: bytes) -> SseEvent:
+    """Classify one whole event of one line, ``data: <data>`` and a blank line, keeping its
+    bytes (the parser's fast path)."""
     try:
-        data = block[6:].decode("utf-8")
+        data = wire[6:-2].decode("utf-8")
     except UnicodeDecodeError:  # replacement characters: the wire form is re-encoded
-        return classify(block[6:].decode("utf-8", errors="replace"))
-    return classify(data, block + b"\n\n")
+        return classify(wire[6:-2].decode("utf-8", errors="replace"))
+    return classify(data, wire)
 
 
 # ---------------------------------------------------------------- incremental parsing
@@ -234,9 +228,8 @@ class SseParser:
         "_closed",
         "_data",
         "_data_bytes",
-        "_last_block",
-        "_last_chunk",
         "_last_event",
+        "_last_wire",
         "_max_event_bytes",
         "_partial",
         "_skip_lf",
@@ -251,11 +244,10 @@ class SseParser:
         self._skip_lf = False  # the last chunk ended in CR: an LF starting the next is its pair
         self._start = True  # no line completed yet: a leading BOM is still to be dropped
         self._closed = False
-        # the last whole event taken on the fast path, as bytes, and its (immutable) event;
-        # the last chunk that was exactly that one event (None: none yet)
-        self._last_block = b""
-        self._last_event = _NO_EVENT
-        self._last_chunk: bytes | None = None
+        # The last event taken whole (one data line and its blank line) and what it was:
+        # classifying is pure, so an event that repeats it is that same event.
+        self._last_wire = b""
+        self._last_event = _DONE_EVENT
 
     @property
     def pending(self) -> bool:
@@ -266,35 +258,30 @@ class SseParser:
         """Take the next bytes of the stream; return the events they complete, in order."""
         if self._closed:
             raise RuntimeError("SseParser.feed() after close()")
-        if chunk == self._last_chunk and not (self._partial or self._data or self._skip_lf):
-            return [self._last_event]  # the last one-event chunk again, from the same clean state
         events: list[SseEvent] = []
         if not chunk:
             return events
+        held = bool(self._partial) or bool(self._data) or self._skip_lf
+        if chunk == self._last_wire and not held:
+            return [self._last_event]  # the last whole event again: the same event
         if (
-            chunk.endswith(b"\n\n")
-            and not self._partial
-            and not self._data
-            and not self._skip_lf
-            # find(), not ``in``: bytes ``in`` first tries its operand as an int and formats a
-            # TypeError each time (a tenth of this method's cost)
+            not held
+            and chunk.endswith(b"\n\n")
             and chunk.find(b"\r") < 0
             and not (self._start and chunk.startswith(_UTF8_BOM))
         ):
-            # Fast path, the usual shape: whole events of one "data: " line each, nothing held.
+            # Fast path, the usual shape: whole events of one "data: " line each, nothing held
+            # (so no size to check). Most often the chunk is exactly one event.
+            if chunk.find(b"\n") == len(chunk) - 2 and chunk.startswith(b"data: "):
+                self._start = False
+                return [self._whole_event(chunk)]
             blocks = chunk[:-2].split(b"\n\n")
             for block in blocks:
                 if not block.startswith(b"data: ") or block.find(b"\n") >= 0:
                     break
             else:
                 self._start = False
-                for block in blocks:
-                    if block != self._last_block:  # classify is pure: a repeat reuses it
-                        self._last_block = block
-                        self._last_event = _classify_block(block)
-                    events.append(self._last_event)
-                self._last_chunk = chunk if len(blocks) == 1 else None
-                return events  # nothing is held: no size to check
+                return [self._whole_event(block + b"\n\n") for block in blocks]
         if self._skip_lf:
             self._skip_lf = False
             if chunk[0] == 0x0A:
@@ -338,6 +325,13 @@ class SseParser:
         """End of stream. An unterminated trailing event is discarded (see :attr:`pending`)."""
         self._closed = True
         return []
+
+    def _whole_event(self, wire: bytes) -> SseEvent:
+        """The event of ``wire``, one whole event of one ``data`` line (see ``_last_wire``)."""
+        if wire != self._last_wire:
+            self._last_wire = wire
+            self._last_event = _classify_wire(wire)
+        return self._last_event
 
     def _line(self, line: bytes) -> None:
         if line[0] == 0x3A:  # ":" comment

@@ -1,9 +1,10 @@
 """EngineClient: one engine's prefill and decode legs, for Python callers.
 
-Rule kept here: this is a convenience face over the core's leg readers — it makes no decision
-the router does not make the same way (descriptor validation, fault mapping, timeouts all come
-from ``narwhal.core``). ``prefill()``'s result passes straight to ``decode()``; ``decode()``
-refuses a result whose endpoint or connector does not match before any I/O happens.
+Rule kept here: this is a convenience face over the core's legs (:mod:`narwhal.core.legs`) — it
+makes no decision the router does not make the same way (descriptor validation, fault mapping,
+timeouts all come from ``narwhal.core``). ``prefill()``'s result passes straight to
+``decode()``; ``decode()`` refuses a result whose endpoint or connector does not match before any
+I/O happens.
 
 Usage::
 
@@ -27,21 +28,17 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from narwhal.core.config import EngineSettings
-from narwhal.core.decode_events import stream_events
-from narwhal.core.descriptor import prefill_kv_params
-from narwhal.core.errors import Fault, FaultKind, fault
-from narwhal.core.legs import LegFault, connect_fault, http_fault, read_prefill
-from narwhal.core.ports import Clock, ConnectFailed, Reply, StreamOpened, TimedOut, Transport
-from narwhal.core.requests import COMPLETIONS, decode_body, parse_client_request, prefill_body
-from narwhal.core.retry import handoff_too_old
+from narwhal.core.errors import Fault
+from narwhal.core.legs import DecodeLeg, prefill_leg, stale_handoff
+from narwhal.core.ports import Clock, Transport
+from narwhal.core.requests import COMPLETIONS, decode_body, parse_client_request
 from narwhal.core.sse import SseEvent
 from narwhal.engines.connector import PrefillResult
-
-if TYPE_CHECKING:
-    from narwhal.live.transport import HttpxTransport
+from narwhal.live.clock import AnyioClock
+from narwhal.live.transport import HttpxTransport
 
 
 class EngineError(RuntimeError):
@@ -76,9 +73,6 @@ class EngineClient:
     @classmethod
     def http(cls, url: str, **options: Any) -> EngineClient:
         """A client over real HTTP (its own httpx keep-alive pool, anyio clock)."""
-        from narwhal.live.clock import AnyioClock
-        from narwhal.live.transport import HttpxTransport
-
         clock = AnyioClock()
         transport = HttpxTransport(clock)
         client = cls(url, transport=transport, clock=clock, **options)
@@ -106,40 +100,29 @@ class EngineClient:
     ) -> PrefillResult:
         """Run the one-token prefill leg here and return the validated handoff."""
         backend_id = request_id or f"narwhal-{uuid.uuid4().hex}"
-        started = self._clock.now()
-        request = parse_client_request(endpoint, body, request_id=backend_id, arrival=started)
-        kv = prefill_kv_params(self.connector, transfer_id=backend_id)
-        deadline = started + min(self.settings.max_handoff_age_s, self.settings.request_timeout_s)
-        reply = await self._transport.call(
+        now = self._clock.now()
+        request = parse_client_request(endpoint, body, request_id=backend_id, arrival=now)
+        prefilled = await prefill_leg(
+            self._transport,
+            self._clock,
             self.url,
-            "POST",
-            endpoint,
-            prefill_body(request, kv),
-            {"X-Request-Id": backend_id},
-            deadline,
+            request,
+            backend_request_id=backend_id,
+            connector=self.connector,
+            pinned_side_channel=self.kv_endpoint,
+            deadline=now + self.settings.request_timeout_s,
+            max_handoff_age_s=self.settings.max_handoff_age_s,
         )
-        if isinstance(reply, TimedOut):
-            raise EngineError(
-                fault(
-                    FaultKind.HANDOFF_TOO_OLD,
-                    "prefill took too long",
-                    engine=self.url,
-                    phase="prefill",
-                )
-            )
-        if isinstance(reply, ConnectFailed):
-            raise EngineError(connect_fault(reply, self.url, "prefill"))
-        assert isinstance(reply, Reply)
-        descriptor = read_prefill(reply, self.url, self.connector, self.kv_endpoint)
-        if isinstance(descriptor, Fault):
-            raise EngineError(descriptor)
+        if prefilled.fault is not None:
+            raise EngineError(prefilled.fault)
+        assert prefilled.descriptor is not None
         return PrefillResult.create(
             producer_url=self.url,
             endpoint=endpoint,
             backend_request_id=backend_id,
             connector=self.connector,
-            started_at=started,
-            descriptor=descriptor,
+            started_at=prefilled.started_at,
+            descriptor=prefilled.descriptor,
         )
 
     def decode(
@@ -162,48 +145,24 @@ class EngineClient:
         self, result: PrefillResult, endpoint: str, body: dict[str, Any], decode_id: str
     ) -> AsyncIterator[SseEvent]:
         settings, now = self.settings, self._clock.now()
-        if handoff_too_old(result.started_at, now, settings.max_handoff_age_s):
-            raise EngineError(
-                fault(
-                    FaultKind.HANDOFF_TOO_OLD,
-                    f"handoff older than max_handoff_age_s ({settings.max_handoff_age_s:g} s)",
-                    engine=None,
-                    phase="decode",
-                )
-            )
-        request_deadline = now + settings.request_timeout_s
-        first_token_at = min(request_deadline, now + settings.first_token_timeout_s)
-        opened = await self._transport.open_stream(
-            self.url, endpoint, body, {"X-Request-Id": decode_id}, first_token_at
+        too_old = stale_handoff(result.started_at, now, settings.max_handoff_age_s)
+        if too_old is not None:
+            raise EngineError(too_old)
+        leg = DecodeLeg(
+            self._transport,
+            self._clock,
+            self.url,
+            first_token_timeout_s=settings.first_token_timeout_s,
+            decode_read_timeout_s=settings.decode_read_timeout_s,
+            request_deadline=now + settings.request_timeout_s,
         )
-        if isinstance(opened, TimedOut):
-            raise EngineError(
-                fault(
-                    FaultKind.FIRST_TOKEN_TIMEOUT,
-                    "no response headers within first_token_timeout_s",
-                    engine=self.url,
-                    phase="decode",
-                )
-            )
-        if isinstance(opened, ConnectFailed):
-            raise EngineError(connect_fault(opened, self.url, "decode"))
-        assert isinstance(opened, StreamOpened)
         try:
-            if opened.status != 200:
-                raise EngineError(http_fault(opened.status, opened.body, self.url, "decode"))
-            events = stream_events(
-                self._transport,
-                self._clock,
-                opened.handle,
-                self.url,
-                first_token_at=first_token_at,
-                first_token_timeout_s=settings.first_token_timeout_s,
-                decode_read_timeout_s=settings.decode_read_timeout_s,
-                request_deadline=request_deadline,
-            )
-            async for _, event in events:
-                yield event
-        except LegFault as leg:
-            raise EngineError(leg.fault) from None
+            failure = await leg.open(endpoint, body, {"X-Request-Id": decode_id})
+            while failure is None and not leg.done:
+                for _, event in await leg.next_read():
+                    yield event
+                failure = leg.fault
+            if failure is not None:
+                raise EngineError(failure)
         finally:
-            self._transport.close_stream(opened.handle)
+            leg.close()

@@ -40,17 +40,18 @@ from narwhal.core.lifecycle import serve_request
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports, Reply
 from narwhal.core.probe import maintenance_loop
-from narwhal.core.records import RequestRecord
+from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.requests import CHAT, COMPLETIONS, BadRequest, parse_client_request
 from narwhal.core.sse import encode_data_event
 from narwhal.live.clock import AnyioClock, to_wall
-from narwhal.live.metrics import ObservedLog, RouterMetrics, status_document
+from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.sink import AsgiSink, run_with_disconnect
 from narwhal.live.transport import HttpxTransport
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 FLEET_QUERY_TIMEOUT_S = 2.0
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+DECISIONS_KEPT = 10_000  # the decision log a router holds in memory (it runs for weeks)
 
 log = logging.getLogger("narwhal.live")
 request_log = logging.getLogger("narwhal.requests")
@@ -94,9 +95,8 @@ class Router:
         self.config = config
         self.clock = AnyioClock()
         self.metrics = RouterMetrics()
-        self.policies = Policies(
-            config, seed=seed, log=ObservedLog(self.metrics.on_decision), on_record=self._on_record
-        )
+        decisions = DecisionLog(on_decision=self.metrics.on_decision, keep=DECISIONS_KEPT)
+        self.policies = Policies(config, seed=seed, log=decisions, on_record=self._on_record)
         self.metrics.attach(self.policies, self.clock)
         self._api_key = api_key or None
         self._max_body = max_body_bytes

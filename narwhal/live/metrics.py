@@ -5,17 +5,17 @@ records (the :class:`~narwhal.core.records.RequestRecord` of each request, each
 :class:`~narwhal.core.records.Decision` of the decision log) or read from its state at scrape
 time. Nothing here decides anything.
 
-Theory of operation: :class:`ObservedLog` is the core's ``DecisionLog`` with a callback on each
-decision (and a bounded memory, since a router runs for weeks). :class:`RouterMetrics` owns a
-private ``CollectorRegistry``: counters and histograms are fed by :meth:`on_record` and
-:meth:`on_decision`; gauges of the fleet (engine state, failure streak, reservations in flight)
-are collected at scrape time from the breaker and the placement. :func:`status_document` builds
-``GET /status`` (the shape docs/live.md documents), converting monotonic times to the epoch.
+Theory of operation: :class:`RouterMetrics` owns a private ``CollectorRegistry``: counters and
+histograms are fed by :meth:`on_record` and :meth:`on_decision` (the router hands the latter to
+its ``DecisionLog`` as the log's ``on_decision`` callback); gauges of the fleet (engine state,
+failure streak, reservations in flight) are collected at scrape time from the breaker and the
+placement. :func:`status_document` builds ``GET /status`` (the shape docs/live.md documents),
+converting monotonic times to the epoch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -23,26 +23,10 @@ from prometheus_client.core import GaugeMetricFamily
 
 from narwhal.core.breaker import EngineState
 from narwhal.core.policies import Policies
-from narwhal.core.records import Decision, DecisionLog, RequestRecord
+from narwhal.core.records import Decision, RequestRecord
 from narwhal.live.clock import AnyioClock, to_wall
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-class ObservedLog(DecisionLog):
-    """A decision log that reports each decision and keeps only the most recent ones."""
-
-    def __init__(self, on_decision: Callable[[Decision], None], keep: int = 10_000) -> None:
-        super().__init__(enabled=True)
-        self._on_decision = on_decision
-        self._keep = keep
-
-    def add(self, t: float, kind: str, engine: str | None = None, **detail: Any) -> None:
-        super().add(t, kind, engine, **detail)
-        decision = self.entries[-1]
-        if len(self.entries) > 2 * self._keep:
-            del self.entries[: -self._keep]
-        self._on_decision(decision)
 
 
 class _FleetCollector:

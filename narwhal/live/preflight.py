@@ -1,10 +1,11 @@
 """``narwhal preflight``: check every engine and every producer -> consumer pair before serving.
 
-Rule kept here: preflight judges engines with the core's own readers only: the pinned contract
+Rule kept here: preflight judges engines with the core's own legs only: the pinned contract
 through :func:`narwhal.core.probe.contract_problems`, a prefill through
-:class:`narwhal.engines.client.EngineClient` (the core's descriptor validation, with the pinned
-side channel) and a decode through the core's stream reader (a generated token, then
-``[DONE]``). It passes only if every check passes, and each failure names its reason.
+:func:`narwhal.core.legs.prefill_leg` (the core's descriptor validation, with the pinned side
+channel) and a decode through :class:`narwhal.core.legs.DecodeLeg` (a generated token, then
+``[DONE]``), timed by ``[engine]`` as the router times them. It passes only if every check
+passes, and each failure names its reason.
 
 Theory of operation: for each engine, (1) the contract (``/version``, ``/v1/models``), (2) its
 role: a producer must answer a prefill with a valid KV descriptor (released afterwards), a
@@ -16,6 +17,7 @@ KV. The result is a list of :class:`Check` rows, printed as a table.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -23,15 +25,12 @@ from typing import Any
 import anyio
 
 from narwhal.core.config import NarwhalConfig
-from narwhal.core.decode_events import stream_events
-from narwhal.core.errors import Fault, FaultKind, fault
-from narwhal.core.legs import LegFault, connect_fault, http_fault
+from narwhal.core.errors import Fault
+from narwhal.core.legs import DecodeLeg, PrefillOutcome, prefill_leg, stale_handoff
 from narwhal.core.policies import Policies
-from narwhal.core.ports import ConnectFailed, Ports, StreamOpened, TimedOut
-from narwhal.core.probe import contract_problems, probe_request
-from narwhal.core.requests import COMPLETIONS
-from narwhal.core.sse import EventKind
-from narwhal.engines.client import EngineClient, EngineError
+from narwhal.core.ports import ConnectFailed, Ports, TimedOut
+from narwhal.core.probe import contract_problems, probe_client_request, probe_request
+from narwhal.core.requests import COMPLETIONS, ClientRequest, decode_body
 from narwhal.live.clock import AnyioClock
 from narwhal.live.transport import HttpxTransport
 
@@ -52,15 +51,45 @@ class _Preflight:
         self.ports = ports
         self.policies = Policies(config, seed=seed)
 
-    def client(self, url: str) -> EngineClient:
-        return EngineClient(
-            url,
-            transport=self.ports.transport,
-            clock=self.ports.clock,
+    def request(self, max_tokens: int) -> ClientRequest:
+        """A probe request with a fresh backend id (unseeded: a real producer may still hold
+        the blocks of an earlier run's handoff under the same transfer id)."""
+        request_id = f"narwhal-{uuid.uuid4().hex}"
+        return probe_client_request(self.policies, max_tokens, request_id, self.ports.clock.now())
+
+    async def prefill(self, producer: str, request: ClientRequest) -> PrefillOutcome:
+        """The prefill leg of ``request`` on ``producer``, as the router runs it."""
+        settings = self.config.engine
+        return await prefill_leg(
+            self.ports.transport,
+            self.ports.clock,
+            producer,
+            request,
+            backend_request_id=request.request_id,
             connector=self.config.kv_connector,
-            kv_endpoint=self.config.engine_by_url(url).kv_endpoint,
-            settings=self.config.engine,
+            pinned_side_channel=self.config.engine_by_url(producer).kv_endpoint,
+            deadline=request.arrival + settings.request_timeout_s,
+            max_handoff_age_s=settings.max_handoff_age_s,
         )
+
+    async def decode(
+        self, consumer: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> Fault | None:
+        """A streamed decode on ``consumer``: None after a generated token and [DONE], else
+        the fault."""
+        settings, clock = self.config.engine, self.ports.clock
+        leg = DecodeLeg(
+            self.ports.transport,
+            clock,
+            consumer,
+            first_token_timeout_s=settings.first_token_timeout_s,
+            decode_read_timeout_s=settings.decode_read_timeout_s,
+            request_deadline=clock.now() + settings.request_timeout_s,
+        )
+        try:
+            return await leg.open(COMPLETIONS, body, headers) or await leg.read_to_end()
+        finally:
+            leg.close()
 
     async def contract(self, url: str) -> Check:
         if self.config.engine_contract is None:
@@ -77,68 +106,34 @@ class _Preflight:
 
     async def handoff(self, producer: str, consumer: str) -> str | None:
         """Prefill on ``producer``, decode on ``consumer``; None when it worked, else why."""
-        body = probe_request(self.policies, 2)
-        try:
-            result = await self.client(producer).prefill(body)
-        except EngineError as error:
-            return f"prefill on {producer}: {error.fault.message}"
-        try:
-            async for _ in self.client(consumer).decode(result, body):
-                pass
-        except EngineError as error:
-            return f"decode on {consumer}: {error.fault.message}"
-        return None
+        request = self.request(2)
+        prefilled = await self.prefill(producer, request)
+        if prefilled.fault is not None:
+            return f"prefill on {producer}: {prefilled.fault.message}"
+        failure = stale_handoff(
+            prefilled.started_at, self.ports.clock.now(), self.config.engine.max_handoff_age_s
+        )
+        if failure is None:
+            crossed = producer != consumer
+            body = decode_body(request, prefilled.descriptor if crossed else None)
+            decode_id = f"narwhal-{uuid.uuid4().hex}"
+            failure = await self.decode(consumer, body, {"X-Request-Id": decode_id})
+        return None if failure is None else f"decode on {consumer}: {failure.message}"
 
     async def produces(self, url: str) -> str | None:
-        try:
-            result = await self.client(url).prefill(probe_request(self.policies, 1))
-        except EngineError as error:
-            return f"prefill: {error.fault.message}"
-        self.ports.transport.release_handoff(url, result.parameters())
+        prefilled = await self.prefill(url, self.request(1))
+        if prefilled.fault is not None:
+            return f"prefill: {prefilled.fault.message}"
+        assert prefilled.descriptor is not None
+        self.ports.transport.release_handoff(url, prefilled.descriptor)
         return None
 
     async def decodes(self, url: str) -> str | None:
         """A plain streamed decode (no handoff): a token, then [DONE]."""
-        failure = await self._plain_decode(url)
-        return None if failure is None else f"decode: {failure.message}"
-
-    async def _plain_decode(self, url: str) -> Fault | None:
         body = probe_request(self.policies, 2)
         body["stream"] = True
-        settings, clock = self.config.engine, self.ports.clock
-        deadline = clock.now() + settings.first_token_timeout_s
-        opened = await self.ports.transport.open_stream(url, COMPLETIONS, body, {}, deadline)
-        if isinstance(opened, TimedOut):
-            return fault(
-                FaultKind.FIRST_TOKEN_TIMEOUT,
-                "no response headers in time",
-                engine=url,
-                phase="decode",
-            )
-        if isinstance(opened, ConnectFailed):
-            return connect_fault(opened, url, "decode")
-        assert isinstance(opened, StreamOpened)
-        try:
-            if opened.status != 200:
-                return http_fault(opened.status, opened.body, url, "decode")
-            events = stream_events(
-                self.ports.transport,
-                clock,
-                opened.handle,
-                url,
-                first_token_at=deadline,
-                first_token_timeout_s=settings.first_token_timeout_s,
-                decode_read_timeout_s=settings.decode_read_timeout_s,
-                request_deadline=clock.now() + settings.request_timeout_s,
-            )
-            async for _, event in events:
-                if event.kind is EventKind.DONE:
-                    return None
-            return None
-        except LegFault as leg:
-            return leg.fault
-        finally:
-            self.ports.transport.close_stream(opened.handle)
+        failure = await self.decode(url, body, {})
+        return None if failure is None else f"decode: {failure.message}"
 
     async def role(self, url: str) -> Check:
         role = self.config.engine_by_url(url).role

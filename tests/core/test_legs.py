@@ -1,29 +1,54 @@
-"""The decode reader: deadlines per read, faults after the events before them, and bursts read
-exactly as the same reads one at a time."""
+"""The two legs: the prefill leg's outcomes, the decode leg's open, deadlines per read, faults
+after the events before them, and bursts read exactly as the same reads one at a time."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from narwhal.core.errors import FaultKind
-from narwhal.core.legs import MAX_EVENT_BYTES, MAX_REPLY_BYTES, DecodeReader, read_prefill
+from narwhal.core.legs import (
+    MAX_EVENT_BYTES,
+    MAX_REPLY_BYTES,
+    DecodeLeg,
+    PrefillOutcome,
+    prefill_leg,
+    read_prefill,
+    stale_handoff,
+)
 from narwhal.core.ports import Burst, Chunk, Reply, StreamEnd, TimedOut
+from narwhal.core.requests import COMPLETIONS, ClientRequest
 from narwhal.core.sse import EventKind
+from tests.core.scripted import DONE as DONE_EVENT
+from tests.core.scripted import (
+    Decode,
+    Prefill,
+    ScriptedTransport,
+    VirtualClock,
+    descriptor,
+    inband_error,
+    run,
+)
+from tests.core.scripted import token as tok
 
 TOKEN = b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
 META = b'data: {"choices":[{"index":0,"text":"","finish_reason":null}]}\n\n'
 ERROR = b'data: {"error":{"message":"boom","type":"x","code":503}}\n\n'
 DONE = b"data: [DONE]\n\n"
+P, C = "http://p", "http://c"
 
 
-def reader(
-    first_token_at: float = 1.0, silence: float = 0.5, deadline: float = 10.0
-) -> DecodeReader:
-    return DecodeReader(
-        "http://c",
-        first_token_at=first_token_at,
-        first_token_timeout_s=1.0,
+def reader(first_token_at: float = 1.0, silence: float = 0.5, deadline: float = 10.0) -> DecodeLeg:
+    """A decode leg created at time 0 (only its sans-IO ``read`` is used)."""
+    clock = VirtualClock(start=0.0)
+    return DecodeLeg(
+        ScriptedTransport(clock, {}),
+        clock,
+        C,
+        first_token_timeout_s=first_token_at,
         decode_read_timeout_s=silence,
         request_deadline=deadline,
     )
@@ -178,20 +203,207 @@ def test_an_event_that_never_ends_is_malformed_once_it_passes_the_bound() -> Non
     assert r.read(Chunk(piece), 0.4) == []
     assert r.fault is not None and r.fault.kind is FaultKind.MALFORMED_RESPONSE
     assert r.fault.message == f"engine sent a server-sent event over {MAX_EVENT_BYTES} bytes"
-    assert r.fault.status == 502 and r.fault.engine == "http://c"
+    assert r.fault.status == 502 and r.fault.engine == C
 
 
 def test_a_prefill_reply_past_the_bound_is_malformed() -> None:
     huge = Reply(200, b" " * (MAX_REPLY_BYTES + 1))  # what the transport keeps at most
-    result = read_prefill(huge, "http://p", "NixlConnector", None)
+    result = read_prefill(huge, P, "NixlConnector", None)
     assert not isinstance(result, dict) and result.kind is FaultKind.MALFORMED_RESPONSE
     assert result.message == f"prefill response over {MAX_REPLY_BYTES} bytes"
-    at_bound = read_prefill(Reply(200, b" " * MAX_REPLY_BYTES), "http://p", "NixlConnector", None)
+    at_bound = read_prefill(Reply(200, b" " * MAX_REPLY_BYTES), P, "NixlConnector", None)
     assert not isinstance(at_bound, dict)
     assert at_bound.message == "prefill response is not a JSON object"  # read, not refused
 
 
 def test_a_prefill_reply_nested_past_the_parser_bound_is_malformed() -> None:
     deep = Reply(200, b'{"kv_transfer_params": ' + b"[" * 5000 + b"]" * 5000 + b"}")
-    result = read_prefill(deep, "http://p", "NixlConnector", None)
+    result = read_prefill(deep, P, "NixlConnector", None)
     assert not isinstance(result, dict) and result.kind is FaultKind.MALFORMED_RESPONSE
+
+
+# ---------------------------------------------------------------- the prefill leg
+
+
+def prefill(
+    behaviour: Prefill, *, deadline: float = 100.0, max_age: float | None = 10.0
+) -> tuple[PrefillOutcome, ScriptedTransport]:
+    clock = VirtualClock(start=0.0)
+    transport = ScriptedTransport(clock, {P: [behaviour]})
+    request = ClientRequest("req-1", COMPLETIONS, {"prompt": "hi", "max_tokens": 9}, 0.0)
+    outcome = run(
+        prefill_leg(
+            transport,
+            clock,
+            P,
+            request,
+            backend_request_id="req-1-p1",
+            connector="NixlConnector",
+            pinned_side_channel=None,
+            deadline=deadline,
+            max_handoff_age_s=max_age,
+        )
+    )
+    return outcome, transport
+
+
+def test_a_prefill_leg_sends_one_token_and_returns_the_validated_descriptor() -> None:
+    outcome, transport = prefill(Prefill(delay=0.25))
+    assert (outcome.started_at, outcome.replied_at) == (0.0, 0.25)
+    assert (outcome.descriptor, outcome.fault) == (descriptor(), None)
+    ((url, method, path, body, headers),) = transport.calls
+    assert (url, method, path, headers) == (P, "POST", COMPLETIONS, {"X-Request-Id": "req-1-p1"})
+    assert body is not None and body["max_tokens"] == 1 and body["stream"] is False
+    assert body["kv_transfer_params"]["do_remote_decode"] is True
+
+
+def test_a_prefill_reply_that_is_a_fault_still_tells_when_it_came() -> None:
+    outcome, _ = prefill(Prefill(delay=0.25, status=503))
+    assert outcome.replied_at == 0.25 and outcome.descriptor is None
+    assert outcome.fault is not None and outcome.fault.kind is FaultKind.ENGINE_5XX
+
+
+@pytest.mark.parametrize(
+    ("deadline", "max_age", "kind", "message"),
+    [
+        (
+            100.0,
+            10.0,
+            FaultKind.HANDOFF_TOO_OLD,
+            "prefill took longer than max_handoff_age_s (10 s)",
+        ),
+        (5.0, 10.0, FaultKind.DEADLINE, "request deadline passed during prefill"),
+        (5.0, None, FaultKind.DEADLINE, "request deadline passed during prefill"),
+    ],
+)
+def test_a_prefill_that_never_answers_hits_the_tighter_bound(
+    deadline: float, max_age: float | None, kind: FaultKind, message: str
+) -> None:
+    outcome, transport = prefill(Prefill(hang=True), deadline=deadline, max_age=max_age)
+    assert outcome.replied_at is None and outcome.fault is not None
+    assert (outcome.fault.kind, outcome.fault.message) == (kind, message)
+    assert transport.clock.t == min(deadline, max_age or deadline)
+
+
+def test_a_refused_prefill_is_a_connect_fault() -> None:
+    outcome, _ = prefill(Prefill(connect="refused"))
+    assert outcome.replied_at is None and outcome.fault is not None
+    assert (outcome.fault.kind, outcome.fault.message) == (
+        FaultKind.REFUSED,
+        "prefill engine refused",
+    )
+
+
+def test_a_handoff_is_stale_only_past_its_age() -> None:
+    assert stale_handoff(0.0, 10.0, 10.0) is None
+    stale = stale_handoff(0.0, 10.5, 10.0)
+    assert stale is not None and stale.kind is FaultKind.HANDOFF_TOO_OLD and stale.status == 504
+
+
+# ---------------------------------------------------------------- the decode leg, driven
+
+
+def decode_leg(decode: Decode) -> tuple[DecodeLeg, ScriptedTransport]:
+    clock = VirtualClock()
+    transport = ScriptedTransport(clock, {C: [decode]})
+    leg = DecodeLeg(
+        transport,
+        clock,
+        C,
+        first_token_timeout_s=1.0,
+        decode_read_timeout_s=0.5,
+        request_deadline=clock.now() + 10,
+    )
+    return leg, transport
+
+
+async def collect(leg: DecodeLeg) -> list[tuple[float, EventKind]]:
+    """Every event the open leg reads until [DONE] or a fault, by arrival from the start."""
+    seen: list[tuple[float, EventKind]] = []
+    while leg.fault is None and not leg.done:
+        seen += [(round(at - 1000.0, 6), event.kind) for at, event in await leg.next_read()]
+    return seen
+
+
+def read_all(decode: Decode) -> tuple[list[tuple[float, EventKind]], FaultKind | None]:
+    leg, _ = decode_leg(decode)
+    assert run(leg.open(COMPLETIONS, {}, {})) is None
+    seen = run(collect(leg))
+    return seen, leg.fault.kind if leg.fault else None
+
+
+def test_tokens_then_done_end_the_stream() -> None:
+    seen, fault = read_all(Decode())
+    assert fault is None
+    assert [kind for _, kind in seen] == [EventKind.TOKEN, EventKind.TOKEN, EventKind.DONE]
+    assert [at for at, _ in seen] == pytest.approx([0.025, 0.045, 0.045])
+
+
+def test_tokens_before_an_inband_error_come_out_before_the_fault() -> None:
+    # one read carries a token and the error after it
+    decode = Decode(items=((0.02, tok("A") + inband_error(500)), (0.0, DONE_EVENT)))
+    seen, fault = read_all(decode)
+    assert [kind for _, kind in seen] == [EventKind.TOKEN]
+    assert fault is FaultKind.INBAND_ERROR
+
+
+def test_silence_after_a_token_is_the_between_token_timeout() -> None:
+    seen, fault = read_all(Decode(items=((0.02, tok("A")),), end="hang"))
+    assert [kind for _, kind in seen] == [EventKind.TOKEN]
+    assert fault is FaultKind.SILENCE
+
+
+def test_read_to_end_is_none_after_done_else_the_fault() -> None:
+    leg, _ = decode_leg(Decode())
+    assert run(leg.open(COMPLETIONS, {}, {})) is None and run(leg.read_to_end()) is None
+    closed, _ = decode_leg(Decode(items=((0.02, tok("A")),), end="eof"))
+    run(closed.open(COMPLETIONS, {}, {}))
+    failure = run(closed.read_to_end())
+    assert failure is not None and failure.kind is FaultKind.CLOSED_BEFORE_DONE
+
+
+@pytest.mark.parametrize(
+    ("decode", "kind", "delivered", "opened"),
+    [
+        (Decode(hang_before_headers=True), FaultKind.FIRST_TOKEN_TIMEOUT, True, False),
+        (Decode(connect="refused"), FaultKind.REFUSED, False, False),
+        (Decode(connect="reset"), FaultKind.RESET, True, False),
+        (Decode(status=500), FaultKind.ENGINE_5XX, True, True),
+        (Decode(status=400), FaultKind.ENGINE_4XX, True, True),
+    ],
+)
+def test_a_stream_that_does_not_open_as_200_is_a_fault(
+    decode: Decode, kind: FaultKind, delivered: bool, opened: bool
+) -> None:
+    leg, transport = decode_leg(decode)
+    failure = run(leg.open(COMPLETIONS, {}, {}))
+    assert failure is not None and failure is leg.fault and failure.kind is kind
+    assert leg.delivered is delivered  # only a refused connection surely never delivered it
+    if kind is FaultKind.FIRST_TOKEN_TIMEOUT:
+        assert transport.clock.t == 1001.0  # the first-token deadline bounds the open
+    assert (len(transport.calls), leg.handle is not None or opened) == (1, opened)
+
+
+def test_the_first_token_deadline_is_never_past_the_request_deadline() -> None:
+    clock = VirtualClock(start=0.0)
+    transport = ScriptedTransport(clock, {C: [Decode(hang_before_headers=True)]})
+    leg = DecodeLeg(
+        transport,
+        clock,
+        C,
+        first_token_timeout_s=5.0,
+        decode_read_timeout_s=1.0,
+        request_deadline=2.0,
+    )
+    assert leg.deadline == 2.0
+    failure = run(leg.open(COMPLETIONS, {}, {}))
+    assert failure is not None and failure.kind is FaultKind.DEADLINE and failure.engine is None
+
+
+def test_close_closes_an_open_stream_once() -> None:
+    leg, transport = decode_leg(Decode())
+    run(leg.open(COMPLETIONS, {}, {}))
+    handle: Any = leg.handle
+    leg.close()
+    leg.close()
+    assert transport.closed == [handle] and leg.handle is None

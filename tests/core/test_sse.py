@@ -691,3 +691,16 @@ def test_event_json_is_read_like_any_json_the_router_parses() -> None:
     assert classify('{"choices": [{"text": "a"}]} x').kind is EventKind.MALFORMED
     assert classify('{"a": 1}{"b": 2}').kind is EventKind.MALFORMED
     assert classify('{"choices": [{"text": "\\ud800"}]}').kind is EventKind.MALFORMED
+
+
+def test_an_event_repeated_whole_is_the_same_event_and_a_repeat_split_is_parsed() -> None:
+    wire = f"data: {COMPLETION_TOKEN}\n\n".encode()
+    parser = SseParser()
+    first = parser.feed(wire)
+    assert parser.feed(wire)[0] is first[0]
+    assert parser.feed(b"") == []
+    half = len(wire) // 2
+    assert parser.feed(wire[:half]) == []
+    # with bytes held, the whole event again is not taken for a repeat: it ends a longer line
+    assert [e.kind for e in parser.feed(wire)] == [EventKind.MALFORMED]
+    assert parser.feed(wire) == [classify(COMPLETION_TOKEN)]

@@ -1,0 +1,40 @@
+"""The decision log: in order, sorted details, nothing kept when disabled, an observer called on
+each decision, and a bounded memory."""
+
+from __future__ import annotations
+
+from narwhal.core.records import Decision, DecisionLog
+
+
+def test_decisions_are_kept_in_order_with_sorted_details() -> None:
+    log = DecisionLog()
+    log.add(1.0, "place", "http://e", phase="decode", request="r1")
+    log.add(2.0, "status", None, status=200)
+    assert log.entries == [
+        Decision(1.0, "place", "http://e", (("phase", "decode"), ("request", "r1"))),
+        Decision(2.0, "status", None, (("status", 200),)),
+    ]
+    assert log.entries[0].as_dict() == {
+        "t": 1.0,
+        "kind": "place",
+        "engine": "http://e",
+        "phase": "decode",
+        "request": "r1",
+    }
+
+
+def test_a_disabled_log_keeps_and_reports_nothing() -> None:
+    seen: list[Decision] = []
+    log = DecisionLog(enabled=False, on_decision=seen.append)
+    log.add(1.0, "eject", "http://e")
+    assert log.entries == [] and seen == []
+
+
+def test_the_observer_sees_every_decision_and_the_memory_stays_bounded() -> None:
+    seen: list[Decision] = []
+    log = DecisionLog(on_decision=seen.append, keep=3)
+    for t in range(10):
+        log.add(float(t), "probe", "http://e")
+    assert [d.t for d in seen] == [float(t) for t in range(10)]
+    assert 3 <= len(log.entries) <= 6
+    assert [d.t for d in log.entries] == [float(t) for t in range(10 - len(log.entries), 10)]
