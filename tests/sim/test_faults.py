@@ -226,3 +226,11 @@ def test_role_any_picks_only_engines_that_can_act_the_fault_out() -> None:
     result = run(scenario(faults=[stall], workload={"duration_s": 4.0}))
     assert result.fault_windows
     assert {w.url for w in result.fault_windows} <= {"http://sim-d0", "http://sim-d1"}
+
+
+def test_the_engine_draws_exactly_the_vocabularys_stream_faults() -> None:
+    from narwhal.sim.faults import STREAM_FAULTS
+    from narwhal.sim.gpu.switches import STREAM_FAULTS as ENGINE_STREAM_FAULTS
+
+    assert set(ENGINE_STREAM_FAULTS) == STREAM_FAULTS
+    assert len(ENGINE_STREAM_FAULTS) == len(STREAM_FAULTS)  # listed once each (draw order)
