@@ -72,6 +72,7 @@ class SimEngine:
         self.registry = registry  # engine id -> a producer's handoffs (shared by the fleet)
         self.rng = rng
         self.on_state = on_state or (lambda engine, state: None)
+        self.model_json = wire.json_text(params.model)  # in every reply and chunk
         self.switches = FaultSwitches(rng)
         self.totals = EngineTotals()
         self.writer = StreamWriter(params.coalesce_reads, self.totals)
@@ -113,6 +114,7 @@ class SimEngine:
             self.switches,
             self.rng,
             self.totals,
+            self.model_json,
             self._kick,
         )
         self.writer.wake = []
@@ -217,8 +219,10 @@ class SimEngine:
         seq = self._new_seq(path, body, headers)
         if isinstance(seq, Reply):
             return StreamOpened(None, seq.status, seq.body)
-        chat = path == "/v1/chat/completions"
-        seq.chunks = wire.chunk_writer(seq.rid, body.get("model", self.params.model), chat)
+        model = body.get("model", self.params.model)
+        model_json = self.model_json if model == self.params.model else wire.json_text(model)
+        seq.chat = path == "/v1/chat/completions"
+        seq.head = wire.chunk_head(seq.rid, model_json, seq.chat)
         stream = SimStream(self)
         stream.seq = seq
         seq.stream = stream
@@ -227,8 +231,8 @@ class SimEngine:
         if isinstance(params, dict) and params.get("do_remote_prefill"):
             seq.remote = params
             seq.need = 0
-        if chat:
-            stream.buffer.append((self.env.now, seq.chunks.role_chunk()))
+        if seq.chat:
+            stream.buffer.append((self.env.now, wire.role_chunk(seq.head)))
         self.scheduler.add(seq)
         return StreamOpened(stream, 200)
 

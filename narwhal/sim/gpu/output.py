@@ -21,7 +21,7 @@ from __future__ import annotations
 from narwhal.core.wire import DONE
 from narwhal.sim.gpu.sequence import EOF, Resumer, Seq, SimStream, take_chunk
 from narwhal.sim.gpu.totals import EngineTotals
-from narwhal.sim.gpu.wire import ERROR_500, token_chunk
+from narwhal.sim.gpu.wire import ERROR_500, chunk_body
 
 
 class StreamWriter:
@@ -48,8 +48,7 @@ class StreamWriter:
             if n == seq.chunk_tokens and not final:  # the usual chunk: its bytes are known
                 data = seq.chunk
             else:
-                assert seq.chunks is not None  # a sequence with a stream has its chunk writer
-                data = token_chunk(seq.chunks, n, final)
+                data = seq.head + chunk_body(n, final, seq.chat)
                 if not final:
                     seq.chunk_tokens, seq.chunk = n, data
             stream.buffer.append((now, data))

@@ -86,6 +86,7 @@ class Scheduler:
         switches: FaultSwitches,
         rng: random.Random,
         totals: EngineTotals,
+        model_json: str,
         wake: Callable[[], None],
     ) -> None:
         self.env = env
@@ -101,6 +102,7 @@ class Scheduler:
         self.rng = rng
         self.wake = wake  # wakes the engine if idle (there is new work)
         self.totals = totals
+        self.model_json = model_json  # the served model's name as JSON, in prefill replies
         self.seqs: dict[int, Seq] = {}  # every sequence in the engine, by id
         self.waiting: deque[Seq] = deque()
         self.prefilling: list[Seq] = []
@@ -351,7 +353,7 @@ class Scheduler:
         handoffs = self.handoffs
         body = wire.prefill_reply(
             seq.rid,
-            self.params.model,
+            self.model_json,
             seq.prompt,
             blocks,
             engine_id,

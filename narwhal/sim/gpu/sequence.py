@@ -22,7 +22,6 @@ import enum
 from typing import Any, Final, Protocol
 
 from narwhal.core.ports import Burst, ChunkResult, ConnectFailed, StreamEnd
-from narwhal.core.wire import ChunkWriter
 
 
 class SeqState(enum.Enum):
@@ -103,12 +102,13 @@ class Seq:
     __slots__ = (
         "blocks",
         "c0",
+        "chat",
         "chunk",
         "chunk_tokens",
-        "chunks",
         "emitted",
         "fault",
         "gen",
+        "head",
         "head",
         "id",
         "j",
@@ -142,6 +142,7 @@ class Seq:
         self.stream: SimStream | None = None  # decode leg
         self.remote: dict[str, Any] | None = None  # decode leg: the descriptor to pull
         self.fault: tuple[str, int] | None = None  # (stream fault kind, after this many tokens)
-        self.chunks: ChunkWriter | None = None  # decode leg: writes its stream's chunks
+        self.chat = False  # a chat completion (its chunks carry a delta)
+        self.head = b""  # decode leg: the bytes every chunk of its stream starts with
         self.chunk = b""  # the bytes of the last non-final chunk, for ``chunk_tokens`` tokens
         self.chunk_tokens = 0

@@ -1,13 +1,23 @@
 """What a simulated engine reads from a request and writes back, in vLLM's shapes.
 
-Rule kept here: the shapes are :mod:`narwhal.core.wire`'s (the router, the emulator and the
-simulated engine write vLLM's protocol from that one module); this module adds only what is
-the simulator's own: its tokenizer (one token per character), the filler text it generates
-(one ``x`` per token) and the fixed ``created`` time, so that a run replays byte for byte.
+Rule kept here: the shapes are :mod:`narwhal.core.wire`'s (one module writes vLLM's protocol
+for the router, the emulator and the simulated engine): errors, the in-band error event,
+``[DONE]`` and the GET bodies come from it as they are. The two shapes a simulated engine writes
+for every request, a stream's token chunks and a producer's prefill reply, are written here
+from templates of exactly core's bytes (``tests/sim/test_gpu_wire.py`` checks them against
+:class:`~narwhal.core.wire.ChunkWriter` and :func:`~narwhal.core.wire.prefill_reply`); what is
+the simulator's own is its tokenizer (one token per character), its filler text (one ``x`` per
+token) and the fixed ``created`` time, so that a run replays byte for byte.
+
+Theory of operation: a stream's chunks share a head (id, object, created, model, the start of
+the choice), written once per sequence by :func:`chunk_head`; each chunk is that head plus
+:func:`chunk_body`. Why templates: core writes a shape by encoding a dict, which for these two
+costs more than the rest of the engine's work on a request.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from narwhal.core import wire
@@ -31,20 +41,51 @@ def prompt_tokens(body: dict[str, Any]) -> int | None:
     return None
 
 
-def chunk_writer(rid: str, model: str, chat: bool) -> wire.ChunkWriter:
-    """The writer of request ``rid``'s stream chunks."""
-    return wire.ChunkWriter(wire.completion_id(rid, chat), model, CREATED, chat=chat)
+def json_text(value: object) -> str:
+    """``value`` as JSON text, as core writes it."""
+    return wire.to_json(value).decode()
 
 
-def token_chunk(chunks: wire.ChunkWriter, n: int, final: bool) -> bytes:
-    """A chunk of ``n`` generated tokens; the last one's finish reason is ``length`` (the
-    simulator always generates ``max_tokens``)."""
-    return chunks.token_chunk("x" * n, "length" if final else None)
+def chunk_head(rid: str, model_json: str, chat: bool) -> bytes:
+    """The bytes every chunk of request ``rid``'s stream starts with (``model_json``: the model
+    name as JSON text; ``rid``, the router's X-Request-Id, needs no escaping)."""
+    response_id = wire.completion_id(rid, chat)
+    if chat:
+        return (
+            f'data: {{"id":"{response_id}","object":"chat.completion.chunk",'
+            f'"created":{CREATED},"model":{model_json},"choices":[{{"index":0,"delta":'
+        ).encode()
+    return (
+        f'data: {{"id":"{response_id}","object":"text_completion","created":{CREATED},'
+        f'"model":{model_json},"choices":[{{"index":0,"text":"'
+    ).encode()
+
+
+def role_chunk(head: bytes) -> bytes:
+    """A chat stream's first chunk: the assistant's role, no content yet."""
+    return head + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+
+
+def chunk_body(n: int, final: bool, chat: bool) -> bytes:
+    """The rest of a streamed chunk after its head: ``n`` tokens of filler text, and the
+    finish reason ``length`` on the last one (the simulator generates ``max_tokens``)."""
+    if chat:
+        reason = b'"length"' if final else b"null"
+        return (
+            b'{"content":"'
+            + b"x" * n
+            + b'"},"logprobs":null,"finish_reason":'
+            + reason
+            + b"}]}\n\n"
+        )
+    if final:
+        return b"x" * n + b'","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+    return b"x" * n + b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
 
 
 def prefill_reply(
     rid: str,
-    model: str,
+    model_json: str,
     prompt: int,
     block_ids: list[int],
     engine_id: str,
@@ -52,24 +93,23 @@ def prefill_reply(
     host: str,
     port: int,
 ) -> bytes:
-    """A producer's answer to a prefill leg: one generated token and the ``kv_transfer_params``
-    that tell the consumer where to pull the KV of ``block_ids``."""
-    params = wire.nixl_kv_params(
-        block_ids=block_ids,
-        engine_id=engine_id,
-        request_id=remote_request_id,
-        host=host,
-        port=port,
-        num_tokens=prompt,
-    )
-    reply = wire.prefill_reply(
-        wire.completion_id(rid, False),
-        model,
-        CREATED,
-        prompt_tokens=prompt,
-        kv_transfer_params=params,
-    )
-    return wire.to_json(reply)
+    """A producer's answer to a prefill leg: a one-token completion whose
+    ``kv_transfer_params`` tell the consumer where to pull the KV of ``block_ids`` (``engine_id``
+    and ``host`` are the engine's own plain text)."""
+    ids = ",".join(map(str, block_ids))
+    return (
+        f'{{"id":{json.dumps(wire.completion_id(rid, False))},"object":"text_completion",'
+        f'"created":{CREATED},"model":{model_json},"choices":[{{'
+        f'"index":0,"text":"x","logprobs":null,"finish_reason":"length","stop_reason":null,'
+        f'"prompt_logprobs":null}}],"usage":{{"prompt_tokens":{prompt},'
+        f'"total_tokens":{prompt + 1},"completion_tokens":1}},"kv_transfer_params":{{'
+        f'"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[{ids}]],'
+        f'"remote_engine_id":"{engine_id}","remote_request_id":{json.dumps(remote_request_id)},'
+        f'"remote_host":"{host}","remote_port":{port},"tp_size":1,'
+        f'"dcp_size":1,"pp_size":1,"remote_num_tokens":{prompt},'
+        f'"remote_blocks_expiry_time":null,"transfer_mode":"pull",'
+        f'"remote_prefill_cached_tokens":0}}}}'
+    ).encode()
 
 
 def version_body() -> bytes:
