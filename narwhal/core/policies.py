@@ -51,8 +51,9 @@ class Policies:
         self.on_record = on_record or (lambda record: None)
 
     def new_id(self, prefix: str) -> str:
-        """A fresh backend request id (seeded, so runs replay exactly)."""
-        return f"{prefix}-{self._ids.getrandbits(48):012x}"
+        """A fresh backend request id: ``prefix``, then six seeded random bytes in hex (so runs
+        replay exactly)."""
+        return f"{prefix}-{self._ids.getrandbits(48).to_bytes(6, 'big').hex()}"
 
     def pinned_side_channel(self, producer: str) -> str | None:
         return self._side_channels[producer]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 
 from narwhal.core.config import parse_config
@@ -18,3 +19,13 @@ def test_backend_ids_are_the_prefix_and_twelve_hex_digits_from_the_seed() -> Non
     assert all(re.fullmatch(r"req-[0-9a-f]{12}", i) for i in many)
     assert any(i[4] == "0" for i in many)  # leading zeros are kept (1 in 16 ids)
     assert len(set(many)) == len(many)
+
+
+def test_a_backend_id_is_the_next_48_bits_of_the_id_rng_in_hex() -> None:
+    root = random.Random(7)
+    root.getrandbits(64)  # the breaker's RNG
+    root.getrandbits(64)  # the placement's RNG
+    ids = random.Random(root.getrandbits(64))
+    expected = [f"req-{ids.getrandbits(48):012x}" for _ in range(50)]
+    policies = Policies(CONFIG, seed=7)
+    assert [policies.new_id("req") for _ in range(50)] == expected
