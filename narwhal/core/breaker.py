@@ -11,7 +11,16 @@ Theory of operation:
   placement until an inference probe succeeds (:meth:`Breaker.on_probe`). Two streaks, so that
   an engine of role ``both`` whose decodes keep failing is ejected although its prefills pass.
 - ``recovery.failure_quarantine_s > 0``: any charged failure also excludes the engine from
-  placement for that long (QUARANTINED), while the streak catches up.
+  placement for that long (QUARANTINED), while the streak catches up. Quarantine only steers
+  traffic: when every engine of a role that is not ejected is quarantined, placement still uses
+  one (:mod:`narwhal.core.placement`), so quarantine alone never empties a role.
+- The ejection cap, ``recovery.max_ejection_percent`` (Envoy's semantics): the breaker ejects
+  an engine only while the engines ejected in each role it serves stay within that share of
+  the role (rounded down), and one engine of a role may always be ejected. An engine that
+  reaches ``eject_after`` over the cap stays in service (logged ``eject_capped``); its streak
+  goes on, so its next charged failure after another engine is readmitted ejects it. Health
+  checks (an engine that is down) are not capped: when a whole role is down, it is ejected
+  whole, and probed as a wave (below).
 - Results are tagged with the engine's *epoch* at placement. Ejection and readmission bump the
   epoch, so a late result from before an ejection never changes the new state.
 - Probes: at most one in flight per engine (PROBING). The cadence is ``probe_interval_s`` with
@@ -92,6 +101,10 @@ class Breaker:
         self._rng = rng
         self._log = log
         self._contract = contract_configured
+        self._members = {  # the engines serving each role (roles are fixed for a fleet's life)
+            role: [e for e in self._engines.values() if self._serves(e.role, role)]
+            for role in (Role.PREFILL, Role.DECODE)
+        }
 
     # ------------------------------------------------------------------ reading
 
@@ -119,6 +132,12 @@ class Breaker:
             return False
         until = engine.quarantined_until
         return until is None or now >= until
+
+    def in_service(self, url: str) -> bool:
+        """True when the engine may take traffic at all: not ejected, not being probed
+        (placement may fall back to a quarantined engine)."""
+        engine = self._engines[url]
+        return not engine.probing and engine.ejected_since is None
 
     def epoch(self, url: str) -> int:
         return self._engines[url].epoch
@@ -155,6 +174,9 @@ class Breaker:
             engine.quarantined_until = now + self._recovery.failure_quarantine_s
             self._log.add(now, "quarantine", url, until=engine.quarantined_until)
         if engine.streak < self._recovery.eject_after:
+            return False
+        if self._ejection_capped(engine):
+            self._log.add(now, "eject_capped", url, streak=engine.streak)
             return False
         engine.probe_producer = producer
         self._eject(engine, now, "breaker")
@@ -255,8 +277,20 @@ class Breaker:
         return engine_role.produces if role is Role.PREFILL else engine_role.consumes
 
     def _whole_wave(self, role: Role) -> bool:
-        members = [e for e in self._engines.values() if self._serves(e.role, role)]
+        members = self._members[role]
         return bool(members) and all(e.ejected_since is not None for e in members)
+
+    def _ejection_capped(self, engine: EngineHealth) -> bool:
+        """Whether ejecting ``engine`` would take a role it serves over the ejection cap."""
+        percent = self._recovery.max_ejection_percent
+        for role, members in self._members.items():
+            if not self._serves(engine.role, role):
+                continue
+            allowed = max(1, len(members) * percent // 100)
+            ejected = sum(1 for e in members if e.ejected_since is not None)
+            if ejected + 1 > allowed:
+                return True
+        return False
 
     def _wave_due(self, role: Role, now: float) -> bool:
         """A wave is probed together: all members are due once the earliest one is."""
