@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/calibration.py [--producer URL --consumer URL] [--runs 2]
 
 Without ``--producer``/``--consumer`` it builds the tiny model and starts a NixlConnector
-producer/consumer pair of the CPU vLLM (``narwhal.vllm.engines``, ``.venv-vllm``), and stops it
+producer/consumer pair of the CPU vLLM (``narwhal.vllm.processes``, ``.venv-vllm``), and stops it
 at the end. Then:
 
 1. ``narwhal serve`` in front of the pair (its own process group, 127.0.0.1, stopped at the end);
@@ -56,26 +56,18 @@ from narwhal.engines.client import EngineClient, EngineError  # noqa: E402
 from narwhal.sim.results import percentile, record_rows  # noqa: E402
 from narwhal.sim.runner import run as simulate  # noqa: E402
 from narwhal.sim.scenario import load_scenario  # noqa: E402
-from narwhal.vllm.calibrate import (  # noqa: E402
-    EngineCalibration,
-    PrefillSample,
-    Sample,
-    StepSample,
-    calibrate_engine,
-    engine_json,
-    engine_report,
-    fit_engine,
-    time_batch,
-)
-from narwhal.vllm.engines import (  # noqa: E402
+from narwhal.vllm.calibrate import calibrate_engine  # noqa: E402
+from narwhal.vllm.fit import EngineCalibration, engine_json, engine_report, fit_engine  # noqa: E402
+from narwhal.vllm.handoff import wait_pair_ready  # noqa: E402
+from narwhal.vllm.measure import HandoffSample, PrefillSample, StepSample, time_batch  # noqa: E402
+from narwhal.vllm.processes import (  # noqa: E402
     MODEL_NAME,
-    build_tiny_model,
     free_port,
     pair_specs,
     start_engines,
     stop_all,
-    wait_pair_ready,
 )
+from narwhal.vllm.tiny_model import build_in_venv  # noqa: E402
 
 ENGINE_TIMEOUTS = {
     "first_token_timeout_s": 30.0,
@@ -431,7 +423,7 @@ def reanalyse(path: Path, args: argparse.Namespace) -> int:
         samples = (
             [PrefillSample(**p) for p in cal["prefill"]],
             [StepSample(**s) for s in cal["steps"]],
-            [Sample(**h) for h in cal["handoffs"]],
+            [HandoffSample(**h) for h in cal["handoffs"]],
         )
         fit = fit_engine(
             cal["engine"], cal["decode_engine"], cal["model"], *samples, args.statistic
@@ -494,9 +486,7 @@ def main() -> int:
         if args.producer and args.consumer:
             producer, consumer = args.producer.rstrip("/"), args.consumer.rstrip("/")
         else:
-            model = build_tiny_model(
-                args.venv / "narwhal-models" / "tiny-llama-seed0", venv=args.venv
-            )
+            model = build_in_venv(args.venv / "narwhal-models" / "tiny-llama-seed0", venv=args.venv)
             started = time.monotonic()
             engines = start_engines(pair_specs(model), folder, venv=args.venv)
             wait_pair_ready(engines[0], engines[1])

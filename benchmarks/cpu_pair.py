@@ -1,7 +1,7 @@
 """A NixlConnector pair of the CPU vLLM for the diagnostics in this folder (not a benchmark).
 
 ``with running_pair(venv) as (producer, consumer):`` builds the tiny model, starts the producer
-(core 0) and the consumer (core 1) of ``narwhal.vllm.engines.pair_specs``, waits until a real
+(core 0) and the consumer (core 1) of ``narwhal.vllm.processes.pair_specs``, waits until a real
 KV handoff works and yields their URLs; the pair is stopped when the block ends, on SIGTERM too.
 """
 
@@ -16,20 +16,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from narwhal.vllm.engines import (  # noqa: E402
-    build_tiny_model,
-    pair_specs,
-    start_engines,
-    stop_all,
-    wait_pair_ready,
-)
+from narwhal.vllm.handoff import wait_pair_ready  # noqa: E402
+from narwhal.vllm.processes import pair_specs, start_engines, stop_all  # noqa: E402
+from narwhal.vllm.tiny_model import build_in_venv  # noqa: E402
 
 
 @contextmanager
 def running_pair(venv: Path, prefix: str = "narwhal-pair-") -> Iterator[tuple[str, str]]:
     """The producer's and the consumer's URLs while the pair runs (logs in a temp folder)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds like Ctrl-C
-    model = build_tiny_model(venv / "narwhal-models" / "tiny-llama-seed0", venv=venv)
+    model = build_in_venv(venv / "narwhal-models" / "tiny-llama-seed0", venv=venv)
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     engines = start_engines(pair_specs(model), folder, venv=venv)
     try:

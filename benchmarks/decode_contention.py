@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/decode_contention.py [--repeats 4]
 
-Starts a NixlConnector pair of the CPU vLLM (``narwhal.vllm.engines``, ``.venv-vllm``), then
+Starts a NixlConnector pair of the CPU vLLM (``narwhal.vllm.processes``, ``.venv-vllm``), then
 alternates, ``--repeats`` times: the consumer's decode step at 1 and 2 concurrent streams
-(:func:`narwhal.vllm.calibrate.time_batch`, what ``narwhal calibrate`` measures) with the producer
+(:func:`narwhal.vllm.measure.time_batch`, what ``narwhal calibrate`` measures) with the producer
 idle, then the same while a thread keeps the producer prefilling 768-token prompts back to back.
 Prints each mode's median and every sample. A one-off diagnostic for the TPOT gap in
 docs/vllm.md section 4 (not a test); the pair is stopped at the end, SIGTERM included.
@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 from cpu_pair import REPO, running_pair
 
-from narwhal.vllm.calibrate import time_batch, unique_prompt
-from narwhal.vllm.engines import MODEL_NAME
+from narwhal.vllm.measure import time_batch, unique_prompt
+from narwhal.vllm.processes import MODEL_NAME
 
 
 def keep_prefilling(producer: str, stop: threading.Event) -> None:

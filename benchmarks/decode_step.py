@@ -2,11 +2,11 @@
 
     .venv/bin/python benchmarks/decode_step.py [--repeats 4] [--lengths 24,256,1024]
 
-Starts a NixlConnector pair of the CPU vLLM (``narwhal.vllm.engines``, ``.venv-vllm``), then,
+Starts a NixlConnector pair of the CPU vLLM (``narwhal.vllm.processes``, ``.venv-vllm``), then,
 ``--repeats`` times and for each prompt length: the consumer's one-stream decode step with a plain
-prompt of that length (:func:`narwhal.vllm.calibrate.time_batch`, what ``narwhal calibrate``
+prompt of that length (:func:`narwhal.vllm.measure.time_batch`, what ``narwhal calibrate``
 measures, there with 24-character prompts), then the time per token of a decode after a real KV
-handoff of a prompt of the same length (:func:`narwhal.vllm.calibrate.time_handoff`, producer ->
+handoff of a prompt of the same length (:func:`narwhal.vllm.measure.time_handoff`, producer ->
 consumer, no router). Prints each point's median and every sample. A diagnostic for the TPOT gap
 in docs/vllm.md section 4 (not a test); the pair is stopped at the end, SIGTERM included.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 from cpu_pair import REPO, running_pair
 
-from narwhal.vllm.calibrate import time_batch, time_handoff, unique_prompt
-from narwhal.vllm.engines import MODEL_NAME
+from narwhal.vllm.measure import time_batch, time_handoff, unique_prompt
+from narwhal.vllm.processes import MODEL_NAME
 
 TOKENS = 32
 

@@ -1,6 +1,6 @@
 """Run a ``narwhal`` subcommand with TCP_NODELAY on the connections its server accepts.
 
-Why: ``narwhal.live.serving.bind`` makes its listening socket with ``socket.socket(family,
+Why: ``narwhal.serving.bind`` makes its listening socket with ``socket.socket(family,
 SOCK_STREAM)``, i.e. protocol 0, and asyncio only sets TCP_NODELAY on accepted sockets whose
 protocol is IPPROTO_TCP (``asyncio.base_events._set_nodelay``). Without it, a streamed response
 (headers, then a small chunk) waits for the client's delayed ACK: about 40 ms before the first
@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 import sys
 
-import narwhal.live.serving as serving
+import narwhal.serving as serving
 
 _bind = serving.bind
 

@@ -74,7 +74,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def _expected(prompt: str, max_tokens: int) -> str:
-    from narwhal.live.emulator.text import completion_text
+    from narwhal.emulator.text import completion_text
 
     return completion_text({"prompt": prompt}, False, max_tokens)
 
@@ -795,8 +795,8 @@ def _sub(a: float | None, b: float | None) -> float | None:
 
 FAULTS = [
     ("hang_first_token", {"kind": "hang_first_token", "phase": "decode"}),
-    ("stall_after_3", {"kind": "stall", "after": 3, "phase": "decode"}),
-    ("done_first", {"kind": "done_first", "phase": "decode"}),
+    ("stall_after_3", {"kind": "stall", "after_tokens": 3, "phase": "decode"}),
+    ("early_done", {"kind": "early_done", "phase": "decode"}),
 ]
 
 

@@ -45,7 +45,7 @@ import timeit
 from pathlib import Path
 from typing import Any
 
-from narwhal.core.config import parse_toml
+from narwhal.config_file import parse_toml
 from narwhal.core.records import DecisionLog
 from narwhal.sim.runner import run
 from narwhal.sim.scenario import Scenario, parse_scenario

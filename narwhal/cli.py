@@ -1,8 +1,11 @@
-"""The ``narwhal`` command: subcommands are registered by the parts that own them.
+"""The ``narwhal`` command: subcommands are registered by the packages that own them.
 
-Each part (``narwhal.live.commands``, ``narwhal.sim.commands``, ...) exposes
+Rule kept here: this module knows only the list of ``commands`` modules; each package's
+``commands`` module (``narwhal.sim.commands``, ``narwhal.live.commands``, ...) exposes
 ``register(subparsers)`` adding its subcommands, each with ``func(args) -> int`` as its default.
-Heavy imports happen inside the handlers, so ``narwhal --help`` stays fast.
+Building the parser imports nothing outside the standard library (the handlers import what
+they need), so ``narwhal --help`` stays fast and ``python3 -m narwhal.cli vllm setup`` runs on
+a bare Python, before any venv exists.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from collections.abc import Sequence
 COMMAND_MODULES = (
     "narwhal.sim.commands",
     "narwhal.live.commands",
-    "narwhal.experiments_cli",
+    "narwhal.emulator.commands",
+    "narwhal.experiments.commands",
     "narwhal.vllm.commands",
 )
 
@@ -27,13 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as error:
-            if error.name != name:
-                raise
-            continue
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 

@@ -1,20 +1,19 @@
-"""Narwhal's configuration: one pydantic model, read from TOML.
+"""Narwhal's configuration: one pydantic model, validated from a mapping (as TOML gives it).
 
 Rule kept here: the key names are part of the interface (DESIGN.md) and unknown keys are refused,
 so a typo never silently falls back to a default. Every refusal names the key and the reason.
 
-Theory of operation: :func:`load_config` reads a TOML file, :func:`parse_config` validates a
-mapping; both raise :class:`ConfigError` whose message lists each bad key as a dotted path
-(``recovery.eject_after``, ``engines[1].role``). Cross-field rules (a fleet needs a producer and
-a consumer, unique URLs) are checked after the fields themselves.
+Theory of operation: :func:`parse_config` validates a mapping (reading the file is the
+drivers' part, :mod:`narwhal.config_file`) and raises :class:`ConfigError` whose message lists
+each bad key as a dotted path (``recovery.eject_after``, ``engines[1].role``). Cross-field
+rules (a fleet needs a producer and a consumer, unique URLs) are checked after the fields
+themselves.
 """
 
 from __future__ import annotations
 
 import re
-import tomllib
 from enum import Enum
-from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -241,30 +240,3 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> NarwhalConfi
         return NarwhalConfig.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_format(error, source)) from None
-
-
-def parse_toml(text: str, source: str, error: type[ValueError]) -> dict[str, Any]:
-    """TOML text as a mapping; a syntax error raises ``error`` naming ``source``."""
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as problem:
-        raise error(f"invalid TOML in {source}: {problem}") from None
-
-
-def read_toml(path: str | Path, what: str, error: type[ValueError]) -> dict[str, Any]:
-    """A TOML file (a configuration, scenario, sweep spec...) as a mapping, or ``error``."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as problem:
-        raise error(f"cannot read {what} {path}: {problem.strerror or problem}") from None
-    except UnicodeDecodeError as problem:
-        raise error(
-            f"cannot read {what} {path}: not UTF-8 text (byte {problem.start}); TOML files "
-            "are UTF-8"
-        ) from None
-    return parse_toml(text, str(path), error)
-
-
-def load_config(path: str | Path) -> NarwhalConfig:
-    """Read and validate a TOML configuration file."""
-    return parse_config(read_toml(path, "configuration", ConfigError), str(path))

@@ -9,7 +9,7 @@ point's runs over replicates; with ``[goodput]`` only the runs at the reference 
 (``report_at``) feed those means. Means skip missing values (a p99 with no successful
 request); ``*_sd`` columns give the spread between replicates (population standard deviation).
 
-Goodput follows DistServe (FACTS.md section 6): the highest request rate at which at least
+Goodput follows DistServe (Zhong et al., OSDI 2024): the highest request rate at which at least
 ``attainment_pct`` (90%) of requests are on time. A point's rate curve is its mean over
 replicates (mean offered rate, mean attainment, per rate multiplier), scanned upwards to the
 first rate that misses the bar; goodput is the linear interpolation of the 90% crossing between

@@ -32,7 +32,6 @@ SCENARIO_KEYS = (
     "faults",
     "sim",
 )
-DERIVED_KEYS = ("fleet.size", "fleet.pd_ratio", "workload.rate_multiplier")
 _WORKLOAD_DEFAULTS = {"kind": "trace", "rate_scale": 1.0, "rate": 5.0}  # as WorkloadSettings
 
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from narwhal.core.config import parse_toml
+from narwhal.config_file import parse_toml
 from narwhal.experiments.overrides import apply, resolve, scale_rate
 from narwhal.experiments.spec import Case, SpecError, SweepSpec
 from narwhal.sim.scenario import ScenarioError, default_scenario_text, parse_scenario

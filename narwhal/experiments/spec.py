@@ -36,8 +36,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from narwhal.core.config import read_toml, validation_problems
+from narwhal.config_file import read_toml
+from narwhal.core.config import validation_problems
 from narwhal.experiments.overrides import check_key, flatten
+from narwhal.experiments.recipes import RECIPES, check_options
 
 SPEC_SECTIONS = ("sweep", "base", "grid", "cases", "goodput", "figure", "quick")
 
@@ -245,8 +247,6 @@ def _semantics(spec: SweepSpec, problems: list[str]) -> None:
         elif quick.goodput is not None and goodput is not None:
             _check_quick_goodput(goodput, quick.goodput, problems)
     if spec.sweep.recipe is not None:
-        from narwhal.experiments.figures import RECIPES, check_options
-
         if spec.sweep.recipe not in RECIPES:
             problems.append(
                 f"  sweep.recipe: {spec.sweep.recipe!r} is not a recipe ({', '.join(RECIPES)})"

@@ -27,6 +27,7 @@ from typing import Any
 from narwhal.experiments.aggregate import csv_text, point_rows, run_rows
 from narwhal.experiments.backends import execute
 from narwhal.experiments.plan import Plan, build_plan
+from narwhal.experiments.recipes import RECIPES
 from narwhal.experiments.spec import SweepSpec
 from narwhal.experiments.worker import ERROR_PREFIX, METRIC_FIELDS, RunOutcome
 
@@ -57,11 +58,7 @@ def prepare(spec: SweepSpec, *, seed: int | None = None, quick: bool = False) ->
     spec = spec.with_seed(seed)
     if quick:
         spec = spec.quick_version()
-    samples = False
-    if spec.sweep.recipe is not None:
-        from narwhal.experiments.figures import load_recipe
-
-        samples = load_recipe(spec.sweep.recipe).needs_samples
+    samples = spec.sweep.recipe is not None and RECIPES[spec.sweep.recipe].needs_samples
     return build_plan(spec, samples=samples)
 
 
@@ -180,10 +177,8 @@ def write_sweep(result: SweepResult, out: Path, *, figures: bool = True) -> list
     meta = json.dumps(describe(result), indent=2, sort_keys=True, default=str) + "\n"
     (out / "sweep.json").write_text(meta, "utf-8")
     written.append(out / "sweep.json")
-    recipe_name = result.spec.sweep.recipe
-    if figures and recipe_name is not None:
-        from narwhal.experiments.figures import load_recipe, recipe_options
+    if figures and result.spec.sweep.recipe is not None:
+        from narwhal.experiments.figures import draw  # matplotlib: only when drawing
 
-        recipe = load_recipe(recipe_name)
-        written += recipe.draw(result, recipe_options(result.spec), out)
+        written += draw(result, out)
     return written

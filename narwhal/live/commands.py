@@ -1,4 +1,4 @@
-"""The live subcommands of ``narwhal``: ``serve``, ``preflight`` and ``emulate``.
+"""The live subcommands of ``narwhal``: ``serve`` and ``preflight``.
 
 Rule kept here: handlers only parse arguments, build the live pieces and report; every exit
 status is an int (0 success, 1 a check or the server failed, 2 bad configuration or usage).
@@ -17,7 +17,7 @@ API_KEY_ENV = "NARWHAL_API_KEY"
 
 
 def register(subparsers: Any) -> None:
-    """Add ``serve``, ``preflight`` and ``emulate`` to the ``narwhal`` command."""
+    """Add ``serve`` and ``preflight`` to the ``narwhal`` command."""
     serve = subparsers.add_parser("serve", help="run the router in front of the configured fleet")
     serve.add_argument("--config", required=True, help="TOML configuration file")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -43,40 +43,10 @@ def register(subparsers: Any) -> None:
     preflight.add_argument("--seed", type=int, default=0)
     preflight.set_defaults(func=preflight_command)
 
-    emulate = subparsers.add_parser("emulate", help="run an emulated vLLM engine with faults")
-    emulate.add_argument("--port", type=int, required=True, help="HTTP port (0: pick a free one)")
-    emulate.add_argument("--host", default="127.0.0.1")
-    emulate.add_argument("--role", choices=["prefill", "decode", "both"], default="both")
-    emulate.add_argument("--model", default="tiny-llama", help="served model name")
-    emulate.add_argument("--version", default="0.32.0", help="vLLM version reported")
-    emulate.add_argument(
-        "--kv-side-channel",
-        default=None,
-        metavar="HOST:PORT",
-        help="where the KV blocks are served (default: the host, a free port)",
-    )
-    emulate.add_argument(
-        "--fault",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="KIND[:key=value,...], repeatable (see docs/live.md)",
-    )
-    emulate.add_argument("--prefill-s-per-token", type=float, default=0.0002)
-    emulate.add_argument("--decode-s-per-token", type=float, default=0.002)
-    emulate.add_argument("--kv-s-per-token", type=float, default=0.00001)
-    emulate.add_argument("--overhead-s", type=float, default=0.001)
-    emulate.add_argument("--block-size", type=int, default=16)
-    emulate.add_argument("--kv-lease-s", type=float, default=30.0)
-    emulate.add_argument("--kv-load-failure-policy", choices=["fail", "recompute"], default="fail")
-    emulate.add_argument("--engine-id", default=None)
-    emulate.add_argument("--seed", type=int, default=0)
-    emulate.add_argument("--log-level", default="warning")
-    emulate.set_defaults(func=emulate_command)
-
 
 def _load(path: str) -> Any:
-    from narwhal.core.config import ConfigError, load_config
+    from narwhal.config_file import load_config
+    from narwhal.core.config import ConfigError
 
     try:
         return load_config(path)
@@ -87,7 +57,8 @@ def _load(path: str) -> Any:
 
 def serve_command(args: argparse.Namespace) -> int:
     from narwhal.live.app import Router
-    from narwhal.live.serving import bind, make_router_server, port_of, serve_blocking
+    from narwhal.live.serving import make_router_server
+    from narwhal.serving import bind, port_of, serve_blocking
 
     if args.graceful_s < 0:
         print("narwhal serve: --graceful-s must be >= 0", file=sys.stderr)
@@ -131,50 +102,3 @@ def preflight_command(args: argparse.Namespace) -> int:
     rows = anyio.run(lambda: run_preflight(config, seed=args.seed))
     print(format_table(rows))
     return 0 if all(row.passed for row in rows) else 1
-
-
-def emulate_command(args: argparse.Namespace) -> int:
-    from narwhal.core.config import Role
-    from narwhal.core.descriptor import parse_side_channel
-    from narwhal.live.emulator.app import EmulatorConfig
-    from narwhal.live.emulator.faults import FaultError, parse_fault
-    from narwhal.live.emulator.runner import build_emulator
-    from narwhal.live.emulator.timing import LinearTiming
-    from narwhal.live.serving import serve_blocking
-
-    try:
-        faults = [parse_fault(spec) for spec in args.fault]
-        side = parse_side_channel(args.kv_side_channel) if args.kv_side_channel else None
-    except (FaultError, ValueError) as error:
-        print(f"narwhal emulate: {error}", file=sys.stderr)
-        return 2
-    config = EmulatorConfig(
-        role=Role(args.role),
-        model=args.model,
-        version=args.version,
-        host=args.host,
-        port=args.port,
-        engine_id=args.engine_id,
-        block_size=args.block_size,
-        kv_lease_s=args.kv_lease_s,
-        kv_load_failure_policy=args.kv_load_failure_policy,
-        seed=args.seed,
-        timing=LinearTiming(
-            prefill_s_per_token=args.prefill_s_per_token,
-            decode_s_per_token=args.decode_s_per_token,
-            kv_s_per_token=args.kv_s_per_token,
-            overhead_s=args.overhead_s,
-        ),
-    )
-    try:
-        built = build_emulator(config, faults, side_channel=side, log_level=args.log_level)
-    except OSError as error:
-        print(f"narwhal emulate: cannot listen: {error}", file=sys.stderr)
-        return 1
-    print(
-        f"emulated vLLM {args.version} ({args.role}) serving {args.model} on {built.url}; "
-        f"KV side channel {built.side_channel}; engine id {built.app.engine_id}",
-        flush=True,
-    )
-    serve_blocking(built.server, built.sockets)
-    return 0

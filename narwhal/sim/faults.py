@@ -14,19 +14,10 @@ one that would is dropped). :func:`install` schedules two SimPy callbacks per wi
 the engine's switches: crash/restart, hang/resume, slow factor, or a per-request fault that
 applies to each request with ``probability`` while the window is open.
 
-Kinds:
-- ``crash``: connections refused, ``/health`` fails, in-flight requests reset, KV lost; the
-  engine restarts empty (new engine id) at the end of the window.
-- ``hang``: ``/health`` still answers 200 and streams open, but no step runs (FACTS.md 3).
-- ``slow``: every step takes ``factor`` times longer.
-- ``stall``: a stream goes silent after ``after_tokens`` tokens (the engine stays healthy).
-- ``early_done``: ``data: [DONE]`` after ``after_tokens`` tokens (0: before any token).
-- ``inband_error``: HTTP 200, then an error object (code 500) and ``[DONE]``.
-- ``disconnect``: the stream closes before ``[DONE]``.
-- ``http_5xx``: requests answered with HTTP 500; ``refused``: connections refused.
-- ``kv_transfer_fail``: KV pulls to or from the engine fail (the consumer then follows its
-  ``kv_load_failure_policy``); ``release_handoff``: the producer frees a handoff's blocks at
-  once, so the pull finds nothing; ``bad_descriptor``: the producer's descriptor has no engine id.
+Kinds: the simulator's side of the shared vocabulary (:mod:`narwhal.core.injected_faults`,
+whose table the docs show): ``crash``, ``hang`` and ``slow`` switch the whole engine, the others
+act per request; a kind only the emulator acts out, or an old name, is refused with a message
+that says what to use.
 """
 
 from __future__ import annotations
@@ -34,32 +25,21 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal
 
 import simpy
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from narwhal.sim import engine
+from narwhal.core import injected_faults
+from narwhal.core.injected_faults import SIMULATOR, check_parameters, fault_named
 from narwhal.sim.engine import SimEngine
 
-FaultKindName = Literal[
-    "crash",
-    "hang",
-    "slow",
-    "stall",
-    "early_done",
-    "inband_error",
-    "disconnect",
-    "http_5xx",
-    "refused",
-    "kv_transfer_fail",
-    "release_handoff",
-    "bad_descriptor",
-]
+KINDS = injected_faults.names_in(SIMULATOR)
 ENGINE_FAULTS = frozenset({"crash", "hang", "slow"})  # switch the whole engine
-REQUEST_FAULTS = frozenset(get_args(FaultKindName)) - ENGINE_FAULTS  # act per request
-STREAM_FAULTS = frozenset(engine.STREAM_FAULTS)  # act on decode streams (the engine's list)
-PRODUCER_FAULTS = frozenset({"release_handoff", "bad_descriptor"})  # prefill replies
+REQUEST_FAULTS = KINDS - ENGINE_FAULTS  # act per request
+STREAM_FAULTS = KINDS & injected_faults.STREAM_FAULTS  # act on decode streams
+PRODUCER_FAULTS = KINDS & injected_faults.PRODUCER_FAULTS  # prefill replies
+FACTOR_FAULTS = frozenset(k for k in KINDS if fault_named(k, SIMULATOR).takes("factor", SIMULATOR))
 # the roles whose engines can act a kind out (a prefill-only engine serves no stream, ...)
 _ABLE = {"prefill": ("prefill", "both"), "decode": ("decode", "both")}
 
@@ -78,7 +58,7 @@ class FaultSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: FaultKindName
+    kind: str  # a kind the simulator acts out (:data:`KINDS`)
     engine: str | None = None  # an engine URL
     role: Literal["prefill", "decode", "both", "any"] | None = None
     count: int = Field(1, ge=1)  # scheduled faults on a role: how many engines (seeded choice)
@@ -89,6 +69,22 @@ class FaultSpec(BaseModel):
     probability: float = Field(1.0, gt=0, le=1)  # request faults: share of requests hit
     after_tokens: int = Field(0, ge=0)  # stream faults: tokens sent before the fault
 
+    @model_validator(mode="before")
+    @classmethod
+    def _vocabulary_keys(cls, data: Any) -> Any:
+        """A key of the shared vocabulary that this model has no field for (an emulator
+        parameter, an old name) gets the vocabulary's message rather than "extra input"."""
+        if isinstance(data, dict) and isinstance(data.get("kind"), str):
+            others = [key for key in data if key not in cls.model_fields]
+            if others and data["kind"] in KINDS:
+                check_parameters(fault_named(data["kind"], SIMULATOR), others, SIMULATOR)
+        return data
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        return fault_named(kind, SIMULATOR).name
+
     @model_validator(mode="after")
     def _one_trigger(self) -> FaultSpec:
         if (self.at_s is None) == (self.rate_per_hour is None):
@@ -97,8 +93,9 @@ class FaultSpec(BaseModel):
             raise ValueError("give 'engine' or 'role', not both")
         # a key that would be ignored is refused: the run must be what the file says
         given = self.model_fields_set
-        if "factor" in given and self.kind != "slow":
-            raise ValueError("'factor' applies to kind = \"slow\" only")
+        if "factor" in given and self.kind not in FACTOR_FAULTS:
+            takers = " or ".join(f'"{kind}"' for kind in sorted(FACTOR_FAULTS))
+            raise ValueError(f"'factor' applies to kind = {takers} only")
         if "probability" in given and self.kind in ENGINE_FAULTS:
             raise ValueError(
                 f"'probability' applies to per-request kinds; {self.kind!r} switches the whole "

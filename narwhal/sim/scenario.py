@@ -22,14 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from narwhal.core.config import (
-    ConfigError,
-    NarwhalConfig,
-    parse_config,
-    parse_toml,
-    read_toml,
-    validation_problems,
-)
+from narwhal.config_file import parse_toml, read_toml
+from narwhal.core.config import ConfigError, NarwhalConfig, parse_config, validation_problems
 from narwhal.sim.engine import EngineParams
 from narwhal.sim.faults import FaultSpec, targets
 from narwhal.sim.timing import (

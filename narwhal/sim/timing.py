@@ -92,7 +92,7 @@ class StepTiming(Protocol):
 class LinearStepTiming:
     """The live emulator's ``LinearTiming`` (``narwhal emulate``) as a step model.
 
-    Same four parameters and meaning as :class:`narwhal.live.emulator.timing.LinearTiming`, so
+    Same four parameters and meaning as :class:`narwhal.emulator.timing.LinearTiming`, so
     a simulated engine and an emulated one take the same time for one request at a time: a
     step that generates a token takes ``decode_s_per_token``; a step that also (pre)fills ``P``
     prompt tokens adds ``overhead_s + prefill_s_per_token * P``. A prefill leg is then

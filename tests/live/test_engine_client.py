@@ -8,8 +8,8 @@ from collections.abc import Callable
 import anyio
 
 from narwhal.core.sse import EventKind
+from narwhal.emulator.text import completion_tokens, prompt_text
 from narwhal.engines.client import EngineClient
-from narwhal.live.emulator.text import completion_tokens, prompt_text
 from tests.live.conftest import Emulator
 
 

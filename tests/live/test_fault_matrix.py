@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from narwhal.core.errors import DONE_BEFORE_TOKEN_TEXT, SILENCE_TEXT
-from narwhal.live.emulator.text import completion_tokens, prompt_text
+from narwhal.emulator.text import completion_tokens, prompt_text
 from tests.live.conftest import (
     HTTP,
     Emulator,
@@ -122,20 +122,20 @@ def test_non_streaming_and_chat(fleet: Any) -> None:
 
 # (where, fault, expected status, message fragment) — every fault before the first token.
 BEFORE_COMMIT = [
-    ("consumer", {"kind": "status", "code": 503}, 502, "answered HTTP 503"),
+    ("consumer", {"kind": "http_5xx", "code": 503}, 502, "answered HTTP 503"),
     ("consumer", {"kind": "reset"}, 502, "reset"),
     ("consumer", {"kind": "hang_headers"}, 504, "first_token_timeout_s"),
     ("consumer", {"kind": "hang_first_token"}, 504, "first_token_timeout_s"),
-    ("consumer", {"kind": "done_first"}, 502, DONE_BEFORE_TOKEN_TEXT),
-    ("consumer", {"kind": "close", "after": 0}, 502, "before [DONE]"),
-    ("consumer", {"kind": "inband_error", "after": 0, "code": 503}, 503, "in stream"),
-    ("consumer", {"kind": "inband_error", "after": 0, "code": 429}, 429, "in stream"),
-    ("consumer", {"kind": "kv_fetch_fail"}, 500, "Internal server error"),
-    ("producer", {"kind": "status", "code": 500}, 502, "answered HTTP 500"),
+    ("consumer", {"kind": "early_done"}, 502, DONE_BEFORE_TOKEN_TEXT),
+    ("consumer", {"kind": "disconnect", "after_tokens": 0}, 502, "before [DONE]"),
+    ("consumer", {"kind": "inband_error", "after_tokens": 0, "code": 503}, 503, "in stream"),
+    ("consumer", {"kind": "inband_error", "after_tokens": 0, "code": 429}, 429, "in stream"),
+    ("consumer", {"kind": "kv_transfer_fail"}, 500, "Internal server error"),
+    ("producer", {"kind": "http_5xx", "code": 500}, 502, "answered HTTP 500"),
     ("producer", {"kind": "reset"}, 502, "reset"),
     ("producer", {"kind": "hang_headers"}, 504, "max_handoff_age_s"),
     ("producer", {"kind": "bad_descriptor"}, 502, "malformed_block_ids"),
-    ("producer", {"kind": "released_handoff"}, 500, "Internal server error"),
+    ("producer", {"kind": "release_handoff"}, 500, "Internal server error"),
 ]
 
 
@@ -182,7 +182,7 @@ def test_refused_producer_is_502(
 
 def test_refuse_fault_stops_listening(fleet: Any) -> None:
     _, consumer, handle = fleet
-    consumer.faults({"kind": "refuse"})
+    consumer.faults({"kind": "refused"})
     with pytest.raises(openai.APIStatusError) as caught:
         stream_tokens(handle.client())
     assert caught.value.status_code == 502 and "refused" in str(caught.value)
@@ -199,9 +199,9 @@ def test_engine_4xx_is_passed_through(fleet: Any) -> None:
 
 # Faults after the first token: the stream was committed, so the SDK raises from the event.
 AFTER_COMMIT = [
-    ({"kind": "stall", "after": 2}, SILENCE_TEXT),
-    ({"kind": "close", "after": 2}, "before [DONE]"),
-    ({"kind": "inband_error", "after": 2, "code": 500}, "in-stream engine error"),
+    ({"kind": "stall", "after_tokens": 2}, SILENCE_TEXT),
+    ({"kind": "disconnect", "after_tokens": 2}, "before [DONE]"),
+    ({"kind": "inband_error", "after_tokens": 2, "code": 500}, "in-stream engine error"),
 ]
 
 
@@ -276,10 +276,10 @@ def test_a_freeze_stops_streams_already_running(
     assert 0 < len(received) < 40
 
 
-def test_a_counted_kv_fetch_fail_waits_for_a_request_that_pulls(fleet: Any) -> None:
-    """A plain request (nothing to pull) does not use up a ``kv_fetch_fail`` with a count."""
+def test_a_counted_kv_transfer_fail_waits_for_a_request_that_pulls(fleet: Any) -> None:
+    """A plain request (nothing to pull) does not use up a ``kv_transfer_fail`` with a count."""
     _, consumer, handle = fleet
-    consumer.faults({"kind": "kv_fetch_fail", "count": 1})
+    consumer.faults({"kind": "kv_transfer_fail", "count": 1})
     plain = HTTP.post(consumer.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
     assert plain.status_code == 200
     with pytest.raises(openai.APIStatusError) as caught:  # the first handoff fails its pull

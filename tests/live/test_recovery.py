@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from narwhal.live.emulator.text import completion_tokens, prompt_text
+from narwhal.emulator.text import completion_tokens, prompt_text
 from tests.live.conftest import HTTP, Emulator, RouterHandle, metric_value
 
 PROMPT = "probe me gently"
@@ -37,7 +37,7 @@ def test_ejection_then_probe_readmission(
         [{"url": producer.url, "role": "prefill"}, {"url": consumer.url, "role": "decode"}],
         recovery={"eject_after": 2, "probe_interval_s": 0.2},
     )
-    consumer.faults({"kind": "status", "code": 500})
+    consumer.faults({"kind": "http_5xx", "code": 500})
     for _ in range(2):
         with pytest.raises(openai.APIStatusError) as caught:
             ask(handle)
@@ -91,8 +91,8 @@ def test_quarantine_is_visible(
         ],
         recovery={"failure_quarantine_s": 2.0, "eject_after": 5, "probe_interval_s": 60.0},
     )
-    first.faults({"kind": "status", "code": 500})
-    second.faults({"kind": "status", "code": 500})
+    first.faults({"kind": "http_5xx", "code": 500})
+    second.faults({"kind": "http_5xx", "code": 500})
     with pytest.raises(openai.APIStatusError):
         ask(handle)
     engines = {e["url"]: e for e in handle.status()["engines"]}

@@ -53,7 +53,7 @@ def pair_with(
 def test_a_committed_stream_gets_a_terminal_event_when_the_grace_period_ends(
     emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
 ) -> None:
-    handle = pair_with(emulator, router, {"kind": "stall", "after": 1})
+    handle = pair_with(emulator, router, {"kind": "stall", "after_tokens": 1})
     got: dict[str, Any] = {}
     body = {"prompt": "hi", "max_tokens": 8, "stream": True}
     thread = in_background(handle.url + "/v1/completions", body, got)

@@ -11,8 +11,8 @@ import anyio
 from narwhal.core.legs import MAX_REPLY_BYTES
 from narwhal.core.ports import Chunk, Reply, StreamOpened, TimedOut
 from narwhal.live.clock import AnyioClock
-from narwhal.live.serving import BackgroundServer, bind, make_server, port_of
 from narwhal.live.transport import KEEPALIVE_EXPIRY_S, HttpxTransport
+from narwhal.serving import BackgroundServer, bind, make_server, port_of
 from tests.live.conftest import HTTP, Emulator, RouterHandle, Servers
 
 BODY = {"prompt": "hello", "max_tokens": 3, "stream": True}
@@ -79,7 +79,7 @@ def test_read_deadlines_time_out_and_outer_cancellation_propagates(
     emulator: Callable[..., Emulator],
 ) -> None:
     engine = emulator(role="both")
-    engine.faults({"kind": "stall", "after": 1})
+    engine.faults({"kind": "stall", "after_tokens": 1})
 
     async def main() -> tuple[bool, bool, float, bool]:
         clock = AnyioClock()

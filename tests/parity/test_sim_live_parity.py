@@ -7,17 +7,17 @@ tolerance stated here.
 
 The scenario (:func:`scenario_data`): one producer and two consumers; 16 sequential completions
 requests (100-token prompt, 8 output tokens, streamed) at fixed times 0.75 s apart; consumer
-``d1`` hangs (HTTP 200 and SSE headers, then nothing; ``/health`` stays 200) from HANG_FROM_S
-to HANG_TO_S. The router: first-token timeout 0.3 s, ``eject_after = 2``, no retries, probes
-every 1 s, maintenance tick TICK_S.
+``d1`` hangs (the fault :data:`FAULT`, which both worlds act out: HTTP 200 and SSE headers, then
+nothing; ``/health`` stays 200) from HANG_FROM_S to HANG_TO_S. The router: first-token timeout
+0.3 s, ``eject_after = 2``, no retries, probes every 1 s, maintenance tick TICK_S.
 
 - Simulator: :func:`narwhal.sim.runner.run` with ``[fleet] timing = "linear"`` (the emulator's
-  timing model), ``[workload] kind = "fixed"`` and a ``hang`` fault window on ``d1``.
+  timing model), ``[workload] kind = "fixed"`` and a :data:`FAULT` window on ``d1``.
 - Live: three emulated engines (``narwhal emulate``'s app, ``LinearTiming`` with the same four
   parameters) and a :class:`~narwhal.live.app.Router`, each served by uvicorn on 127.0.0.1, on
   one asyncio loop in one thread with the client that drives the scenario (see
   :func:`run_live`). Requests are sent at the scenario times (real time, no scaling); the fault is
-  switched on (``POST /admin/faults``, ``hang_first_token``) and off (``DELETE /admin/faults``)
+  switched on (``POST /admin/faults`` with the same kind) and off (``DELETE /admin/faults``)
   at the window's start and end. The router gets the very configuration object the simulator
   used (same engine URLs in the same order) and the simulator's router seed
   (``RunResult.policy_seed``), so placement ties and probe jitter draw the same numbers.
@@ -34,8 +34,8 @@ engines; only the phase of the probe tick can differ).
 Why agreement is not luck (:func:`knife_edge_margins`): in the simulated run, every pair of
 things whose order decides an outcome is more than TOLERANCE_S + TICK_S apart: a decision and
 the next request arrival or fault switch; a fault switch and any request or probe in flight
-(the emulator draws a request's fault when it arrives, the simulated engine hangs while the
-window is open, so they agree only away from a switch); an ejection or readmission and another
+(the live switch reaches the emulator up to TOLERANCE_S after the simulated one, so the worlds
+agree only away from a switch); an ejection or readmission and another
 request's placement; a request's end (its reservations released) and another request's
 placement. Since every live time is asserted to lie within [-TICK_S, +TOLERANCE_S] of its
 simulated time, and the live schedule (arrivals, fault switches) within [0, TOLERANCE_S], those
@@ -63,13 +63,13 @@ import httpx
 import uvicorn
 
 from narwhal.core.config import Role
+from narwhal.core.injected_faults import BY_NAME, EMULATOR, SIMULATOR
 from narwhal.core.records import RequestRecord
+from narwhal.emulator.runner import build_emulator
+from narwhal.emulator.state import EmulatorConfig
+from narwhal.emulator.timing import LinearTiming
 from narwhal.live.app import Router
-from narwhal.live.emulator.app import EmulatorConfig
-from narwhal.live.emulator.faults import FaultSpec
-from narwhal.live.emulator.runner import build_emulator
-from narwhal.live.emulator.timing import LinearTiming
-from narwhal.live.serving import bind, make_server, port_of
+from narwhal.serving import bind, make_server, port_of
 from narwhal.sim.runner import RunResult, run
 from narwhal.sim.scenario import Scenario, parse_scenario
 
@@ -77,6 +77,7 @@ TOLERANCE_S = 0.25  # a live time may be this much later than the simulated one
 TICK_S = 0.01  # the maintenance tick in both worlds; a live probe may start this much earlier
 SEED = 117  # [sim] seed; the router's seed derives from it (RunResult.policy_seed)
 MODEL = "llama3-8b"  # what both worlds' engines serve and the requests name
+FAULT = "hang"  # one name of the shared fault vocabulary, acted out in both worlds
 # The emulator's LinearTiming, in both worlds: a prefill leg takes
 # 0.005 + 100 x 1e-4 + 0.005 = 20 ms, a decode 100 x 2e-5 + 8 x 0.005 = 42 ms.
 TIMING = {
@@ -124,7 +125,7 @@ def scenario_data(producer: str, consumers: tuple[str, str]) -> dict[str, Any]:
         },
         "faults": [
             {
-                "kind": "hang",
+                "kind": FAULT,
                 "engine": consumers[1],
                 "at_s": HANG_FROM_S,
                 "duration_s": HANG_TO_S - HANG_FROM_S,
@@ -333,7 +334,7 @@ async def drive(router_url: str, engines: list[Engine], live: LiveRun) -> None:
         "max_tokens": OUTPUT_TOKENS,
         "stream": True,
     }
-    hang = FaultSpec("hang_first_token").as_dict()  # every request, until the client leaves
+    hang = {"kind": FAULT}  # engine-wide, until the faults are cleared
     admin = f"http://{engines[2].side_channel}/admin/faults"
     async with httpx.AsyncClient(timeout=10) as client:
         (await client.delete(admin)).raise_for_status()  # no fault left from an earlier run
@@ -542,6 +543,7 @@ def compare(trial: Attempt) -> None:
 
 
 def test_sim_and_live_give_the_same_decision_log() -> None:
+    assert BY_NAME[FAULT].worlds == {SIMULATOR, EMULATOR}  # one fault, one name, two worlds
     started = time.monotonic()
     for number in range(1, LIVE_ATTEMPTS + 1):
         trial = attempt()

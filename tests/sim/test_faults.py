@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from narwhal.core.errors import DONE_BEFORE_TOKEN_TEXT
+from narwhal.sim.faults import STREAM_FAULTS
 from narwhal.sim.runner import RunResult, run
 from tests.sim.conftest import scenario
 
@@ -101,6 +102,22 @@ def test_request_faults_reach_the_client_as_the_contract_says(
         assert {r.error for r in result.records} == {DONE_BEFORE_TOKEN_TEXT}
 
 
+@pytest.mark.parametrize("kind", sorted(STREAM_FAULTS))
+def test_every_stream_fault_acts_after_its_tokens(kind: str) -> None:
+    """The vocabulary's stream faults are the ones the simulated engine acts out mid-stream."""
+    fault = {"kind": kind, "engine": "http://sim-d0", "at_s": 0.0, "duration_s": 1000.0}
+    result = run(
+        scenario(
+            fleet={"prefill": 1, "decode": 1},
+            recovery={"eject_after": 1000},
+            workload={"rate": 5.0, "duration_s": 2.0},
+            faults=[{**fault, "after_tokens": 3}],
+        )
+    )
+    assert result.records
+    assert {(r.committed, r.output_tokens) for r in result.records} == {(True, 3)}
+
+
 def test_slow_engine_serves_everything_but_later() -> None:
     def tpot(factor: float) -> float:
         faults = [
@@ -187,6 +204,12 @@ def test_coalesced_reads_give_the_same_run_as_one_wake_up_per_chunk() -> None:
         ({"kind": "early_done", "engine": "http://sim-p1", "at_s": 1.0}, "role prefill"),
         ({"kind": "bad_descriptor", "role": "decode", "at_s": 1.0}, "does nothing on role"),
         ({"kind": "crash", "engine": "http://sim-x", "at_s": 1.0}, "is not in the fleet"),
+        # the shared vocabulary: old names, the emulator's faults and parameters
+        ({"kind": "done_first", "role": "any", "at_s": 1.0}, "now called 'early_done'"),
+        ({"kind": "status", "role": "any", "at_s": 1.0}, "now called 'http_5xx'"),
+        ({"kind": "reset", "role": "any", "at_s": 1.0}, "by the emulator only"),
+        ({"kind": "http_5xx", "role": "any", "at_s": 1.0, "code": 503}, "in the simulator"),
+        ({"kind": "stall", "role": "any", "at_s": 1.0, "after": 2}, "now called 'after_tokens'"),
     ],
 )
 def test_a_fault_that_would_do_nothing_or_ignore_a_key_is_refused(

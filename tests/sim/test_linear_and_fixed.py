@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from narwhal.live.emulator.timing import LinearTiming
+from narwhal.emulator.timing import LinearTiming
 from narwhal.sim.results import goodput_sweep
 from narwhal.sim.runner import run
 from narwhal.sim.scenario import Scenario, ScenarioError, parse_scenario

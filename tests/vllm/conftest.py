@@ -20,16 +20,16 @@ from typing import Any
 
 import pytest
 
-from narwhal.vllm.engines import (
+from narwhal.vllm.handoff import wait_pair_ready
+from narwhal.vllm.processes import (
     EngineProcess,
     EngineSpec,
-    build_tiny_model,
     free_port,
     pair_specs,
     start_engines,
     stop_all,
-    wait_pair_ready,
 )
+from narwhal.vllm.tiny_model import build_in_venv
 from tests.vllm.harness import Narwhal, config_text
 
 VENV = Path(os.environ.get("NARWHAL_VLLM_VENV", Path(__file__).resolve().parents[2] / ".venv-vllm"))
@@ -79,7 +79,7 @@ def model_dir() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     started = time.monotonic()
-    path = build_tiny_model(VENV / "narwhal-models" / "tiny-llama-seed0", seed=0, venv=VENV)
+    path = build_in_venv(VENV / "narwhal-models" / "tiny-llama-seed0", seed=0, venv=VENV)
     TIMINGS["tiny model"] = time.monotonic() - started
     return path
 

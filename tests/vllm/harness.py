@@ -2,7 +2,7 @@
 
 Rule: Narwhal runs exactly as a user runs it, ``narwhal serve --config FILE`` in its own process
 (from this checkout, with the project venv's Python), on a free 127.0.0.1 port, and is always
-stopped by whoever started it. Engines come from :mod:`narwhal.vllm.engines`.
+stopped by whoever started it. Engines come from :mod:`narwhal.vllm.processes`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 import openai
 
-from narwhal.vllm.engines import EngineProcess, free_port, narwhal_config
+from narwhal.vllm.processes import EngineProcess, free_port
+from narwhal.vllm.router_config import narwhal_config
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"

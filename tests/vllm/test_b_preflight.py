@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from narwhal.vllm.engines import VLLM_VERSION
+from narwhal.vllm.router_config import VLLM_VERSION
 from tests.vllm.conftest import Fleet
 from tests.vllm.harness import MODEL, config_text, run_preflight
 

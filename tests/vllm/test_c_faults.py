@@ -14,7 +14,7 @@ from collections.abc import Callable
 import openai
 import pytest
 
-from narwhal.vllm.engines import EngineProcess, metric_sum
+from narwhal.vllm.processes import EngineProcess, metric_sum
 from tests.vllm.conftest import TIMINGS, Fleet
 from tests.vllm.harness import MODEL, Narwhal
 from tests.vllm.test_a_serving import SOURCE, unique_prompt

@@ -1,9 +1,10 @@
 """Figure recipes: named ways to draw a sweep, each a PNG with the CSV of what it draws beside it.
 
 Rule kept here: a recipe reads a finished :class:`~narwhal.experiments.sweep.SweepResult` and
-writes files; it never runs simulations. Its options (``[figure]`` in the spec) are a pydantic
-model of its own, and its ``check`` states what the spec must contain for it (which axes,
-whether ``[goodput]`` is needed), so a spec that cannot be drawn is refused before it runs.
+writes files; it never runs simulations. What a recipe needs of a spec (its ``[figure]``
+options, its axes, whether ``[goodput]`` is needed) is :mod:`narwhal.experiments.recipes`,
+checked when the spec is validated, so a spec that cannot be drawn is refused before it runs;
+this package only draws.
 
 - ``tuning``: heatmaps over two grid axes (success rate, p99 ``first_byte_s``, goodput), the
   recommended cell marked.
@@ -11,51 +12,33 @@ whether ``[goodput]`` is needed), so a spec that cannot be drawn is refused befo
   by error class.
 - ``capacity``: goodput against fleet size per prefill:decode ratio, and the attainment curves
   behind it.
+
+Each recipe module exposes ``draw(result, options, out) -> list[Path]``; it is imported only
+when its figures are drawn (matplotlib is not loaded otherwise).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, cast
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
-from narwhal.experiments.figures.base import Recipe
+from narwhal.experiments.recipes import recipe_options
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
+    from narwhal.experiments.sweep import SweepResult
 
-    from narwhal.experiments.spec import SweepSpec
-
-RECIPES = {
+DRAWINGS = {
     "tuning": "narwhal.experiments.figures.tuning",
     "retries": "narwhal.experiments.figures.retries",
     "capacity": "narwhal.experiments.figures.capacity",
 }
 
 
-def load_recipe(name: str) -> Recipe:
-    return cast(Recipe, importlib.import_module(RECIPES[name]).RECIPE)
-
-
-def recipe_options(spec: SweepSpec) -> BaseModel:
-    assert spec.sweep.recipe is not None
-    return load_recipe(spec.sweep.recipe).options.model_validate(spec.figure)
-
-
-def check_options(spec: SweepSpec) -> list[str]:
-    """Problems (``  key: reason`` lines) with ``[figure]`` and what the recipe needs."""
-    assert spec.sweep.recipe is not None
-    recipe = load_recipe(spec.sweep.recipe)
-    try:
-        options = recipe.options.model_validate(spec.figure)
-    except ValidationError as error:
-        lines = []
-        for item in error.errors():
-            where = ".".join(str(p) for p in item["loc"])
-            reason = item["msg"].removeprefix("Value error, ")
-            if item["type"] == "extra_forbidden":
-                reason = f"unknown option of the {recipe.name!r} recipe"
-            lines.append(f"  figure.{where}: {reason}")
-        return lines
-    return [f"  {line}" for line in recipe.check(spec, options)]
+def draw(result: SweepResult, out: Path) -> list[Path]:
+    """Draw the spec's recipe into ``out``; the files written."""
+    name = result.spec.sweep.recipe
+    assert name is not None
+    module = importlib.import_module(DRAWINGS[name])
+    written: list[Path] = module.draw(result, recipe_options(result.spec), out)
+    return written

@@ -1,4 +1,4 @@
-"""What every recipe shares: the :class:`Recipe` record, byte-stable PNG and CSV writing, captions.
+"""What every recipe's drawing shares: byte-stable PNG and CSV writing, captions.
 
 Rule kept here: figures use matplotlib's Agg backend, a fixed size and dpi, and no software
 metadata, and are stored as 128-colour palette PNGs (Pillow's median cut, no dithering: a
@@ -16,34 +16,16 @@ from __future__ import annotations
 
 import io
 import textwrap
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, ConfigDict
 
 from narwhal.experiments.aggregate import csv_text
 
 if TYPE_CHECKING:
-    from narwhal.experiments.spec import SweepSpec
     from narwhal.experiments.sweep import SweepResult
 
 DPI = 100
 PALETTE_COLOURS = 128  # PNGs are palette images: a third of the RGBA size, same look
-
-
-class Options(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    options: type[BaseModel]
-    needs_samples: bool  # the workers return every request's first_byte_s
-    check: Callable[[SweepSpec, Any], list[str]]  # "key: reason" problems
-    draw: Callable[[SweepResult, Any, Path], list[Path]]
 
 
 def pyplot() -> Any:

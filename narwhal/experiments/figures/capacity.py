@@ -1,6 +1,6 @@
 """The ``capacity`` recipe: goodput against fleet size, one line per prefill:decode ratio.
 
-Rule kept here: goodput and SLO attainment are DistServe's (FACTS.md section 6; a request is on
+Rule kept here: goodput and SLO attainment are DistServe's (Zhong et al., OSDI 2024; a request is on
 time when it succeeded with ``first_byte_s <= slo_ttft_s`` and TPOT ``<= slo_tpot_s``;
 goodput is the highest rate with >= 90% on time), computed per replicate from the point's rate
 curve by :func:`narwhal.experiments.aggregate.goodput` and averaged. The faults stay on while
@@ -23,35 +23,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from narwhal.experiments.figures.base import (
-    Options,
-    Recipe,
     add_footer,
     pyplot,
     save_figure,
     short,
 )
+from narwhal.experiments.recipes import CapacityOptions
 
 if TYPE_CHECKING:
-    from narwhal.experiments.spec import SweepSpec
     from narwhal.experiments.sweep import SweepResult
 
 MARKERS = "osD^vP*X"
-
-
-class CapacityOptions(Options):
-    size: str = "fleet.size"
-    ratio: str = "fleet.pd_ratio"
-
-
-def check(spec: SweepSpec, options: CapacityOptions) -> list[str]:
-    problems = []
-    for axis in ("size", "ratio"):
-        key = getattr(options, axis)
-        if key not in spec.grid:
-            problems.append(f"figure.{axis}: {key!r} is not an axis of [grid]")
-    if spec.goodput is None:
-        problems.append("goodput: the capacity recipe needs a [goodput] rate axis")
-    return problems
 
 
 def _mean(values: list[float]) -> float:
@@ -165,6 +147,3 @@ def draw(result: SweepResult, options: CapacityOptions, out: Path) -> list[Path]
     )
     add_footer(fig, result, width=185)
     return save_figure(fig, out, "capacity", list(rows[0]) if rows else ["fleet_size"], rows)
-
-
-RECIPE = Recipe("capacity", CapacityOptions, False, check, draw)

@@ -20,19 +20,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
-
 from narwhal.experiments.figures.base import (
-    Options,
-    Recipe,
     add_footer,
     pyplot,
     save_figure,
 )
+from narwhal.experiments.recipes import RetriesOptions
 from narwhal.experiments.worker import ERROR_PREFIX
 
 if TYPE_CHECKING:
-    from narwhal.experiments.spec import SweepSpec
     from narwhal.experiments.sweep import SweepResult
 
 FRACTIONS = [round(0.01 * i, 2) for i in range(1, 100)] + [0.995, 0.999, 1.0]
@@ -40,16 +36,6 @@ CLASS_COLOURS = [
     "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
     "#7f7f7f", "#bcbd22", "#17becf", "#1f77b4", "#2ca02c",
 ]  # fmt: skip
-
-
-class RetriesOptions(Options):
-    x_max_s: float | None = Field(None, gt=0)  # right end of the CDF's x axis
-
-
-def check(spec: SweepSpec, options: RetriesOptions) -> list[str]:
-    if spec.goodput is not None:
-        return ["goodput: the retries recipe compares settings at one rate; drop [goodput]"]
-    return []
 
 
 def _label(point: Any) -> str:
@@ -171,6 +157,3 @@ def draw(result: SweepResult, options: RetriesOptions, out: Path) -> list[Path]:
         error_rows,
     )
     return files
-
-
-RECIPE = Recipe("retries", RetriesOptions, True, check, draw)

@@ -22,43 +22,16 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
-
 from narwhal.experiments.figures.base import (
-    Options,
-    Recipe,
     add_footer,
     pyplot,
     save_figure,
     short,
 )
+from narwhal.experiments.recipes import TuningOptions
 
 if TYPE_CHECKING:
-    from narwhal.experiments.spec import SweepSpec
     from narwhal.experiments.sweep import SweepResult
-
-
-class TuningOptions(Options):
-    x: str = "recovery.eject_after"
-    y: str = "recovery.failure_quarantine_s"
-    goodput_tolerance_pct: float = Field(5.0, ge=0, le=100)
-    success_tolerance_pp: float = Field(0.25, ge=0)
-
-
-def check(spec: SweepSpec, options: TuningOptions) -> list[str]:
-    problems = []
-    for axis in ("x", "y"):
-        key = getattr(options, axis)
-        if key not in spec.grid:
-            problems.append(f"figure.{axis}: {key!r} is not an axis of [grid]")
-    if options.x == options.y:
-        problems.append("figure.y: must differ from figure.x")
-    extra = [k for k, v in spec.grid.items() if k not in (options.x, options.y) and len(v) > 1]
-    if extra:
-        problems.append(f"grid: the tuning recipe draws two axes; also varied: {', '.join(extra)}")
-    if len(spec.cases) > 1:
-        problems.append("cases: the tuning recipe draws a grid, not cases")
-    return problems
 
 
 def recommend(cells: list[dict[str, Any]], goodput_pct: float, success_pp: float) -> int:
@@ -223,6 +196,3 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
     add_footer(fig, result, width=190, lead=(rule,), line_height=0.028, top=0.94)
     fields = [options.x, options.y, *[k for k in cells[0] if k not in (options.x, options.y)]]
     return save_figure(fig, out, "tuning", fields, cells)
-
-
-RECIPE = Recipe("tuning", TuningOptions, False, check, draw)

@@ -4,9 +4,9 @@ Rule kept here: the HTTP port and the KV side-channel port are bound before the 
 the descriptor it advertises names a port that is really listening (port 0 picks free ports).
 
 Theory of operation: :func:`build_emulator` returns the app, a uvicorn server wired to the app's
-``refuse`` fault (:class:`~narwhal.live.serving.ListenerControl` on the HTTP port) and the
+``refused`` fault (:class:`~narwhal.emulator.listener.ListenerControl` on the HTTP port) and the
 sockets; the CLI serves them in the foreground, tests in a
-:class:`~narwhal.live.serving.BackgroundServer`.
+:class:`~narwhal.serving.BackgroundServer`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from dataclasses import dataclass, replace
 
 import uvicorn
 
-from narwhal.live.emulator.app import EmulatorApp, EmulatorConfig
-from narwhal.live.emulator.faults import FaultSpec
-from narwhal.live.serving import ListenerControl, bind, make_server, port_of
+from narwhal.emulator.app import EmulatorApp
+from narwhal.emulator.faults import FaultSpec
+from narwhal.emulator.listener import ListenerControl
+from narwhal.emulator.state import EmulatorConfig
+from narwhal.serving import bind, make_server, port_of
 
 
 @dataclass
@@ -46,12 +48,11 @@ def build_emulator(
     config = replace(config, port=http_port, side_channel=(kv_host, port_of(kv_sock)))
     app = EmulatorApp(config, faults)
     server = make_server(app, lifespan="on", graceful_s=graceful_s, log_level=log_level)
-    app.listener = ListenerControl(server, config.host, http_port)
-    assert config.side_channel is not None
+    app.actor.listener = ListenerControl(server, config.host, http_port)
     return BuiltEmulator(
         app=app,
         server=server,
         sockets=[http_sock, kv_sock],
         url=f"http://{config.host}:{http_port}",
-        side_channel=f"{config.side_channel[0]}:{config.side_channel[1]}",
+        side_channel=f"{kv_host}:{port_of(kv_sock)}",
     )

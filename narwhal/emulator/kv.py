@@ -7,7 +7,7 @@ what makes a bad descriptor or a released handoff really fail on the consumer.
 Theory of operation: a prefill stores a :class:`KvEntry` under its ``remote_request_id`` with
 freshly allocated block ids (``ceil(prompt_tokens / block_size)`` of them, one KV-cache group)
 and a lease (vLLM's ``kv_lease_duration``). The consumer fetches ``GET /kv/blocks/{id}`` on the
-producer's side channel (see :mod:`narwhal.live.emulator.app`); :meth:`KvStore.pull` checks it
+producer's side channel (see :mod:`narwhal.emulator.handoff`); :meth:`KvStore.pull` checks it
 and removes the entry. ``POST /kv/release`` and lease expiry remove entries too; expiry is swept
 lazily on every access.
 """

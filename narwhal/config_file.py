@@ -1,0 +1,48 @@
+"""TOML files as mappings: the one place Narwhal's drivers read a configuration, scenario or
+sweep spec from disk.
+
+Rule kept here: a file that cannot be used is refused with the caller's own error type, naming
+the file and what is wrong with it (missing, not UTF-8, not TOML); what the mapping means is
+validated elsewhere, by the model that owns its keys (:mod:`narwhal.core.config`,
+:mod:`narwhal.sim.scenario`, :mod:`narwhal.experiments.spec`). The core does no I/O, so the
+reading lives here, outside it.
+
+Theory of operation: :func:`parse_toml` turns TOML text into a mapping, :func:`read_toml` reads
+a file as UTF-8 and parses it, and :func:`load_config` is ``narwhal serve`` / ``preflight``'s
+whole path from a file to a validated :class:`~narwhal.core.config.NarwhalConfig`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from narwhal.core.config import ConfigError, NarwhalConfig, parse_config
+
+
+def parse_toml(text: str, source: str, error: type[ValueError]) -> dict[str, Any]:
+    """TOML text as a mapping; a syntax error raises ``error`` naming ``source``."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as problem:
+        raise error(f"invalid TOML in {source}: {problem}") from None
+
+
+def read_toml(path: str | Path, what: str, error: type[ValueError]) -> dict[str, Any]:
+    """A TOML file (a configuration, scenario, sweep spec...) as a mapping, or ``error``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as problem:
+        raise error(f"cannot read {what} {path}: {problem.strerror or problem}") from None
+    except UnicodeDecodeError as problem:
+        raise error(
+            f"cannot read {what} {path}: not UTF-8 text (byte {problem.start}); TOML files "
+            "are UTF-8"
+        ) from None
+    return parse_toml(text, str(path), error)
+
+
+def load_config(path: str | Path) -> NarwhalConfig:
+    """Read and validate a TOML configuration file (:class:`ConfigError` names every bad key)."""
+    return parse_config(read_toml(path, "configuration", ConfigError), str(path))

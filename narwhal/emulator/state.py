@@ -1,0 +1,76 @@
+"""What an emulated engine is (:class:`EmulatorConfig`) and what it holds while it runs.
+
+Rule kept here: the state every endpoint of one emulated engine shares — its identity, its
+seeded randomness, its KV store and its counters — lives in one :class:`EngineState`, so each
+concern (inference, the KV handoff, the metrics and admin endpoints) is a module of its own that
+is handed this state rather than a part of one large app object.
+
+Theory of operation: :meth:`EngineState.create` derives the engine id from the seed and the
+address (one id per engine of a fleet started with one seed, the same id on every run) unless
+the configuration names one. ``counts`` are the counters ``/admin/state`` shows (in this order)
+and ``/metrics`` reports under vLLM's names; ``running`` is the number of requests being served.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass, field
+
+from narwhal.core.config import Role
+from narwhal.emulator.kv import KvStore
+from narwhal.emulator.timing import LinearTiming, TimingModel
+
+COUNTERS = (
+    "requests",
+    "prefills",
+    "decodes",
+    "pulls_ok",
+    "pulls_failed",
+    "recomputed",
+    "aborted",
+    "completed",
+    "generation_tokens",
+    "external_kv_tokens",
+    "local_tokens",
+    "kv_bytes",
+)
+
+
+@dataclass
+class EmulatorConfig:
+    """What the emulated engine is and how it behaves."""
+
+    role: Role = Role.BOTH
+    model: str = "tiny-llama"
+    version: str = "0.32.0"
+    host: str = "127.0.0.1"
+    port: int = 0  # the HTTP port (informational: the socket is bound by the runner)
+    side_channel: tuple[str, int] | None = None  # the KV side channel host, port
+    engine_id: str | None = None
+    block_size: int = 16
+    kv_lease_s: float = 30.0
+    kv_load_failure_policy: str = "fail"  # or "recompute"
+    bytes_per_token: int = 2048
+    max_model_len: int = 2048
+    seed: int = 0
+    timing: TimingModel = field(default_factory=LinearTiming)
+
+
+@dataclass
+class EngineState:
+    """One emulated engine's identity, randomness, KV store and counters."""
+
+    config: EmulatorConfig
+    engine_id: str
+    rng: random.Random  # request ids and handoff ids
+    kv: KvStore
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    running: int = 0
+
+    @classmethod
+    def create(cls, config: EmulatorConfig) -> EngineState:
+        identity = random.Random(f"{config.seed}/{config.host}:{config.port}")  # one per engine
+        engine_id = config.engine_id or str(uuid.UUID(int=identity.getrandbits(128)))
+        kv = KvStore(engine_id, config.block_size, config.kv_lease_s)
+        return cls(config, engine_id, random.Random(config.seed), kv)

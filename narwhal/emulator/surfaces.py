@@ -1,0 +1,72 @@
+"""The engine's informational endpoints as vLLM serves them: ``/v1/models`` and ``/metrics``.
+
+Rule kept here: what a router or a scraper reads about an engine has vLLM's shape and names —
+the model list with ``max_model_len``, and Prometheus text with vLLM's metric names and labels
+(``vllm:num_requests_running``, ``vllm:prompt_tokens_by_source_total`` by source,
+``vllm:nixl_bytes_transferred``, ...) — computed from the engine's own counters.
+
+Theory of operation: both are pure functions of the :class:`~narwhal.emulator.state.EngineState`
+(``/metrics`` first sweeps expired handoffs, so the expiry counter is current).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from narwhal.emulator.state import EmulatorConfig, EngineState
+
+METRICS_HEADERS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+
+
+def models(config: EmulatorConfig) -> dict[str, Any]:
+    """``GET /v1/models``: the one model served."""
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": config.model,
+                "object": "model",
+                "created": 0,
+                "owned_by": "vllm",
+                "root": config.model,
+                "parent": None,
+                "max_model_len": config.max_model_len,
+                "permission": [],
+            }
+        ],
+    }
+
+
+def metrics(state: EngineState) -> str:
+    """``GET /metrics``: Prometheus text with vLLM's names."""
+    state.kv.sweep()
+    config, c = state.config, state.counts
+    labels = f'engine="0",model_name="{config.model}"'
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{{{labels}}} {float(state.running)}",
+        "# HELP vllm:prompt_tokens_by_source_total Prompt tokens by source.",
+        "# TYPE vllm:prompt_tokens_by_source_total counter",
+        f'vllm:prompt_tokens_by_source_total{{{labels},source="external_kv_transfer"}} '
+        f"{float(c['external_kv_tokens'])}",
+        f'vllm:prompt_tokens_by_source_total{{{labels},source="local_compute"}} '
+        f"{float(c['local_tokens'])}",
+        "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+        "# TYPE vllm:generation_tokens_total counter",
+        f"vllm:generation_tokens_total{{{labels}}} {float(c['generation_tokens'])}",
+        "# HELP vllm:request_success_total Count of successfully processed requests.",
+        "# TYPE vllm:request_success_total counter",
+        f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(c["completed"])}',
+        "# HELP vllm:nixl_num_kv_expired_reqs_total Requests whose KV blocks expired.",
+        "# TYPE vllm:nixl_num_kv_expired_reqs_total counter",
+        f"vllm:nixl_num_kv_expired_reqs_total{{{labels}}} {float(state.kv.expired)}",
+        "# HELP vllm:nixl_bytes_transferred Bytes transferred per NIXL transfer.",
+        "# TYPE vllm:nixl_bytes_transferred histogram",
+        f"vllm:nixl_bytes_transferred_sum{{{labels}}} {float(c['kv_bytes'])}",
+        f"vllm:nixl_bytes_transferred_count{{{labels}}} {float(c['pulls_ok'])}",
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.",
+        "# TYPE vllm:cache_config_info gauge",
+        f'vllm:cache_config_info{{block_size="{config.block_size}",engine="0"}} 1.0',
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,131 @@
+"""The figure recipes as a sweep spec sees them: each recipe's name, its ``[figure]`` options
+and what it needs of the spec.
+
+Rule kept here: a spec that cannot be drawn is refused before anything runs, every refusal
+naming the key (``figure.x: ...``, ``goodput: ...``). Validating a spec therefore needs each
+recipe's options and requirements, but never how it draws: the drawing is
+:mod:`narwhal.experiments.figures`, which takes its options from here, so the spec layer does
+not depend on the presentation layer.
+
+Theory of operation: :data:`RECIPES` maps each name to a :class:`RecipeRules` (the pydantic
+model of its ``[figure]`` options, whether its runs must return every request's
+``first_byte_s``, and a ``check`` listing what the spec lacks for it). What each recipe
+requires:
+
+- ``tuning``: exactly two varied grid axes, ``figure.x`` and ``figure.y``, and no cases;
+- ``retries``: settings compared at one rate, so no ``[goodput]``; its runs return samples
+  (the CDF of ``first_byte_s``);
+- ``capacity``: the ``figure.size`` and ``figure.ratio`` grid axes and a ``[goodput]`` rate
+  axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+if TYPE_CHECKING:
+    from narwhal.experiments.spec import SweepSpec
+
+
+class Options(BaseModel):
+    """A recipe's ``[figure]`` options: unknown keys refused, values frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TuningOptions(Options):
+    x: str = "recovery.eject_after"
+    y: str = "recovery.failure_quarantine_s"
+    goodput_tolerance_pct: float = Field(5.0, ge=0, le=100)
+    success_tolerance_pp: float = Field(0.25, ge=0)
+
+
+class RetriesOptions(Options):
+    x_max_s: float | None = Field(None, gt=0)  # right end of the CDF's x axis
+
+
+class CapacityOptions(Options):
+    size: str = "fleet.size"
+    ratio: str = "fleet.pd_ratio"
+
+
+def _missing_axes(spec: SweepSpec, options: Options, axes: tuple[str, ...]) -> list[str]:
+    problems = []
+    for axis in axes:
+        key = getattr(options, axis)
+        if key not in spec.grid:
+            problems.append(f"figure.{axis}: {key!r} is not an axis of [grid]")
+    return problems
+
+
+def check_tuning(spec: SweepSpec, options: TuningOptions) -> list[str]:
+    problems = _missing_axes(spec, options, ("x", "y"))
+    if options.x == options.y:
+        problems.append("figure.y: must differ from figure.x")
+    extra = [k for k, v in spec.grid.items() if k not in (options.x, options.y) and len(v) > 1]
+    if extra:
+        problems.append(f"grid: the tuning recipe draws two axes; also varied: {', '.join(extra)}")
+    if len(spec.cases) > 1:
+        problems.append("cases: the tuning recipe draws a grid, not cases")
+    return problems
+
+
+def check_retries(spec: SweepSpec, options: RetriesOptions) -> list[str]:
+    if spec.goodput is not None:
+        return ["goodput: the retries recipe compares settings at one rate; drop [goodput]"]
+    return []
+
+
+def check_capacity(spec: SweepSpec, options: CapacityOptions) -> list[str]:
+    problems = _missing_axes(spec, options, ("size", "ratio"))
+    if spec.goodput is None:
+        problems.append("goodput: the capacity recipe needs a [goodput] rate axis")
+    return problems
+
+
+@dataclass(frozen=True)
+class RecipeRules:
+    """What one recipe asks of a spec."""
+
+    name: str
+    options: type[Options]
+    needs_samples: bool  # the workers return every request's first_byte_s
+    check: Callable[[SweepSpec, Any], list[str]]  # "key: reason" problems
+
+
+RECIPES = {
+    rules.name: rules
+    for rules in (
+        RecipeRules("tuning", TuningOptions, False, check_tuning),
+        RecipeRules("retries", RetriesOptions, True, check_retries),
+        RecipeRules("capacity", CapacityOptions, False, check_capacity),
+    )
+}
+
+
+def recipe_options(spec: SweepSpec) -> Options:
+    """The spec's ``[figure]`` as its recipe's options (the spec was validated: they are)."""
+    assert spec.sweep.recipe is not None
+    return RECIPES[spec.sweep.recipe].options.model_validate(spec.figure)
+
+
+def check_options(spec: SweepSpec) -> list[str]:
+    """Problems (``  key: reason`` lines) with ``[figure]`` and what the recipe needs."""
+    assert spec.sweep.recipe is not None
+    rules = RECIPES[spec.sweep.recipe]
+    try:
+        options = rules.options.model_validate(spec.figure)
+    except ValidationError as error:
+        lines = []
+        for item in error.errors():
+            where = ".".join(str(p) for p in item["loc"])
+            reason = item["msg"].removeprefix("Value error, ")
+            if item["type"] == "extra_forbidden":
+                reason = f"unknown option of the {rules.name!r} recipe"
+            lines.append(f"  figure.{where}: {reason}")
+        return lines
+    return [f"  {line}" for line in rules.check(spec, options)]
