@@ -22,8 +22,8 @@ At 5% faults on every engine the fleet serves 97-99% of the requests live and in
 cannot be retried. Without the quarantine fallback the quarantine empties whole roles: success
 falls to between a quarter and 60% whether ``max_ejection_percent`` is 50 or 100 (the
 simulator gives 42-45%), nearly every failure a 503 with no engine of a role to place on. The
-floor sits between, with room for a loaded machine's spread. Outcomes are judged by parsing the wire here,
-independently of the router's own SSE parser.
+floor sits between, with room for a loaded machine's spread. Outcomes are judged by parsing
+the wire here, independently of the router's own SSE parser.
 """
 
 from __future__ import annotations
