@@ -10,10 +10,11 @@ already failed on are avoided while another candidate exists (Envoy's ``previous
 Among candidates the one with the fewest reservations of that phase wins; ties are broken by
 the seeded RNG, so the same seed gives the same placements.
 
-Quarantine fallback: quarantine steers traffic away from an engine that just failed; it never
-leaves a role without an engine. When no engine of the phase is ready but some are only
-quarantined (not ejected, not being probed), placement takes the quarantined engine whose
-quarantine ends first — one this request has not failed on, if there is one — and logs a
+Fallback: quarantine steers traffic away from an engine that just failed, and the ejection cap
+keeps an engine past ``eject_after`` in service (CAPPED); neither leaves a role without an
+engine. When no engine of the phase is ready but some are in service, placement takes, among
+those this request has not failed on if there are any, a quarantined engine before a capped one
+and the quarantine that ends first before a later one (config order among equals), and logs a
 ``quarantine_fallback`` decision. Only when every engine of the role is ejected or being probed
 is there no placement (the caller answers 503 with Retry-After).
 """
@@ -116,19 +117,20 @@ class Placement:
         return chosen[0] if len(chosen) == 1 else self._rng.choice(chosen)
 
     def _quarantine_fallback(self, phase: str, now: float, avoid: Collection[str]) -> str | None:
-        """No engine of ``phase`` is ready: the quarantined engine whose quarantine ends first,
-        preferring one this request has not failed on (None: the whole role is out)."""
+        """No engine of ``phase`` is ready: the fallback rule of the module docstring (None: the
+        whole role is out)."""
         breaker = self._breaker
         quarantined = [url for url in self._serving[phase] if breaker.in_service(url)]
         if not quarantined:
             return None
         fresh = [url for url in quarantined if url not in avoid]
 
-        def ends(url: str) -> float:
-            until = breaker.health(url).quarantined_until
-            return now if until is None else until
+        def rank(url: str) -> tuple[bool, float]:
+            health = breaker.health(url)
+            until = health.quarantined_until
+            return health.capped, now if until is None else until
 
-        chosen = min(fresh or quarantined, key=ends)  # first in config order among equal ends
+        chosen = min(fresh or quarantined, key=rank)  # min keeps the first among equals
         self._log.add(now, "quarantine_fallback", chosen, phase=phase)
         return chosen
 

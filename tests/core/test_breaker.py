@@ -335,19 +335,31 @@ def test_the_ejection_cap_at_its_boundaries(percent: int, allowed: int) -> None:
     assert capped_log(b) == [A, B, C, D][allowed:]
 
 
-def test_a_capped_engine_stays_in_service_until_another_is_readmitted() -> None:
+def test_a_capped_engine_is_a_last_resort_until_another_is_readmitted() -> None:
     b = breaker(eject_after=2, engines=FOUR_DECODERS, max_ejection_percent=25)
     fail(b, A, 0.0)
     assert fail(b, A, 0.0)
     fail(b, B, 1.0)
-    assert not fail(b, B, 1.0)  # over the cap: B reached eject_after but serves on
-    assert b.placeable(B, 1.0)
-    assert b.health(B).streak == 2
+    assert not fail(b, B, 1.0)  # over the cap: B reached eject_after but stays in service
+    assert b.state(B, 1.0) is EngineState.CAPPED
+    assert b.in_service(B) and not b.placeable(B, 1.0)  # only a fallback
     assert not fail(b, B, 2.0)  # still capped: the streak goes on, nothing ejected
+    assert b.health(B).streak == 3
     (due,) = b.due_probes(100.0)
     b.on_probe(due, 100.0, ProbeOutcome.PASSED)  # A readmitted: room under the cap again
-    assert fail(b, B, 101.0)
-    assert b.state(B, 101.0) is EngineState.EJECTED
+    assert b.state(A, 100.0) is EngineState.READY
+    assert b.state(B, 100.0) is EngineState.EJECTED  # B goes at once, and will be probed
+    assert [d.kind for d in b._log.entries[-2:]] == ["readmit", "eject"]
+
+
+def test_a_completed_leg_frees_a_capped_engine() -> None:
+    b = breaker(eject_after=1, engines=FOUR_DECODERS, max_ejection_percent=25)
+    assert fail(b, A, 0.0)
+    assert not fail(b, B, 0.0)
+    b.on_success(B, b.epoch(B), 1.0, phase="prefill")  # the other phase's streak: still capped
+    assert b.state(B, 1.0) is EngineState.CAPPED
+    b.on_success(B, b.epoch(B), 1.0, phase="decode")
+    assert b.state(B, 1.0) is EngineState.READY
 
 
 def test_the_cap_counts_an_engine_of_role_both_in_each_role_it_serves() -> None:
@@ -366,4 +378,4 @@ def test_health_checks_are_not_capped_but_count_against_the_cap() -> None:
     assert all(b.state(u, 0.0) is EngineState.EJECTED for u in (A, B, C, D))
     b.on_health(A, 1.0, ok=True)
     assert not fail(b, A, 2.0)  # three of four are down: no room for a breaker ejection
-    assert b.placeable(A, 2.0)
+    assert b.state(A, 2.0) is EngineState.CAPPED and b.in_service(A)

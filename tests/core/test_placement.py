@@ -142,3 +142,23 @@ def test_choice_is_the_least_loaded_eligible_engine_preferring_those_not_avoided
         tied = [u for u in preferred if p.counts[u][phase] == least]
         expected = tied[0] if len(tied) == 1 else random.Random(seed).choice(tied)
     assert p.choose(phase, 0.0, avoid) == expected
+
+
+def test_a_capped_engine_is_placed_only_when_no_quarantined_one_is_left() -> None:
+    log = DecisionLog()
+    roles = {"http://d0": Role.DECODE, "http://d1": Role.DECODE, "http://d2": Role.DECODE}
+    b = Breaker(
+        roles.items(),
+        RecoverySettings(eject_after=1, failure_quarantine_s=2.0, max_ejection_percent=34),
+        random.Random(0),
+        log,
+    )
+    p = Placement(roles, b, random.Random(0), log)
+    assert b.on_failure("http://d0", b.epoch("http://d0"), 0.0, phase="decode")  # ejected
+    assert not b.on_failure("http://d1", b.epoch("http://d1"), 0.0, phase="decode")  # capped
+    assert p.choose("decode", 0.5) == "http://d2"  # ready: neither fallback is used
+    b.on_failure("http://d2", b.epoch("http://d2"), 0.5, phase="decode")  # capped too now
+    b.on_success("http://d2", b.epoch("http://d2"), 0.6, phase="decode")  # ...then not
+    assert p.choose("decode", 1.0) == "http://d2"  # quarantined until 2.5, before capped d1
+    assert p.choose("decode", 1.0, avoid={"http://d2"}) == "http://d1"  # capped, not failed on
+    assert p.choose("decode", 3.0) == "http://d2"  # ready again
