@@ -11,7 +11,19 @@ Theory of operation:
   placement until an inference probe succeeds (:meth:`Breaker.on_probe`). Two streaks, so that
   an engine of role ``both`` whose decodes keep failing is ejected although its prefills pass.
 - ``recovery.failure_quarantine_s > 0``: any charged failure also excludes the engine from
-  placement for that long (QUARANTINED), while the streak catches up.
+  placement for that long (QUARANTINED), while the streak catches up. Quarantine only steers
+  traffic: when every engine of a role that is not ejected is quarantined, placement still uses
+  one (:mod:`narwhal.core.placement`), so quarantine alone never empties a role.
+- The ejection cap, ``recovery.max_ejection_percent`` (Envoy's semantics): the breaker ejects
+  an engine only while the engines ejected in each role it serves stay within that share of
+  the role (rounded down), and one engine of a role may always be ejected. An engine that
+  reaches ``eject_after`` over the cap is CAPPED (logged ``eject_capped``): still in service,
+  but placement uses it only when no engine of the phase is ready or quarantined — a capped
+  engine that fails fast would otherwise hold the fewest reservations and draw the most
+  traffic. When another engine is readmitted, the capped engines that now fit under the cap are
+  ejected (and so probed). A completed leg that ends its streak frees it. Health checks (an
+  engine that is down) are not capped: when a whole role is down, it is ejected whole, and
+  probed as a wave (below).
 - Results are tagged with the engine's *epoch* at placement. Ejection and readmission bump the
   epoch, so a late result from before an ejection never changes the new state.
 - Probes: at most one in flight per engine (PROBING). The cadence is ``probe_interval_s`` with
@@ -41,6 +53,7 @@ JITTER = 0.25  # probe delays are drawn from [1 - JITTER, 1 + JITTER] x the nomi
 class EngineState(str, Enum):
     READY = "ready"
     QUARANTINED = "quarantined"
+    CAPPED = "capped"  # over eject_after, kept in service by the ejection cap: a last resort
     EJECTED = "ejected"
     PROBING = "probing"
 
@@ -68,6 +81,7 @@ class EngineHealth:
     failed_probes: int = 0
     times_ejected: int = 0
     probe_producer: str | None = None  # for a consumer ejected after a crossed decode
+    capped: bool = False  # reached eject_after while the ejection cap was reached
 
     @property
     def streak(self) -> int:
@@ -92,6 +106,10 @@ class Breaker:
         self._rng = rng
         self._log = log
         self._contract = contract_configured
+        self._members = {  # the engines serving each role (roles are fixed for a fleet's life)
+            role: [e for e in self._engines.values() if self._serves(e.role, role)]
+            for role in (Role.PREFILL, Role.DECODE)
+        }
 
     # ------------------------------------------------------------------ reading
 
@@ -108,6 +126,8 @@ class Breaker:
             return EngineState.PROBING
         if engine.ejected_since is not None:
             return EngineState.EJECTED
+        if engine.capped:
+            return EngineState.CAPPED
         if engine.quarantined_until is not None and now < engine.quarantined_until:
             return EngineState.QUARANTINED
         return EngineState.READY
@@ -115,10 +135,16 @@ class Breaker:
     def placeable(self, url: str, now: float) -> bool:
         """True when the engine may receive client traffic now (``state`` is READY)."""
         engine = self._engines[url]
-        if engine.probing or engine.ejected_since is not None:
+        if engine.probing or engine.ejected_since is not None or engine.capped:
             return False
         until = engine.quarantined_until
         return until is None or now >= until
+
+    def in_service(self, url: str) -> bool:
+        """True when the engine may take traffic at all: not ejected, not being probed
+        (placement may fall back to a quarantined or capped engine)."""
+        engine = self._engines[url]
+        return not engine.probing and engine.ejected_since is None
 
     def epoch(self, url: str) -> int:
         return self._engines[url].epoch
@@ -134,6 +160,8 @@ class Breaker:
             engine.prefill_streak = 0
         else:
             engine.decode_streak = 0
+        if engine.capped and engine.streak < self._recovery.eject_after:
+            engine.capped = False
 
     def on_failure(
         self, url: str, epoch: int, now: float, *, phase: str, producer: str | None = None
@@ -157,6 +185,10 @@ class Breaker:
         if engine.streak < self._recovery.eject_after:
             return False
         engine.probe_producer = producer
+        if self._ejection_capped(engine):
+            engine.capped = True
+            self._log.add(now, "eject_capped", url, streak=engine.streak)
+            return False
         self._eject(engine, now, "breaker")
         return True
 
@@ -213,6 +245,7 @@ class Breaker:
     # ------------------------------------------------------------------ internals
 
     def _eject(self, engine: EngineHealth, now: float, reason: str) -> None:
+        engine.capped = False
         engine.ejected_since = now
         engine.eject_reason = reason
         engine.epoch += 1
@@ -237,6 +270,9 @@ class Breaker:
         engine.next_probe_at = None
         engine.probe_producer = None
         self._log.add(now, "readmit", engine.url, via=via)
+        for other in self._engines.values():  # room under the cap: capped engines go now
+            if other.capped and not self._ejection_capped(other):
+                self._eject(other, now, "breaker")
 
     def _jittered(self, delay: float) -> float:
         return delay * self._rng.uniform(1.0 - JITTER, 1.0 + JITTER)
@@ -246,8 +282,20 @@ class Breaker:
         return engine_role.produces if role is Role.PREFILL else engine_role.consumes
 
     def _whole_wave(self, role: Role) -> bool:
-        members = [e for e in self._engines.values() if self._serves(e.role, role)]
+        members = self._members[role]
         return bool(members) and all(e.ejected_since is not None for e in members)
+
+    def _ejection_capped(self, engine: EngineHealth) -> bool:
+        """Whether ejecting ``engine`` would take a role it serves over the ejection cap."""
+        percent = self._recovery.max_ejection_percent
+        for role, members in self._members.items():
+            if not self._serves(engine.role, role):
+                continue
+            allowed = max(1, len(members) * percent // 100)
+            ejected = sum(1 for e in members if e.ejected_since is not None)
+            if ejected + 1 > allowed:
+                return True
+        return False
 
     def _wave_due(self, role: Role, now: float) -> bool:
         """A wave is probed together: all members are due once the earliest one is."""

@@ -14,10 +14,20 @@ from __future__ import annotations
 
 import re
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from narwhal.core.descriptor import KNOWN_CONNECTORS
 
@@ -44,25 +54,53 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+MAX_DURATION_S = 86_400.0
+"""The longest duration a setting may name (a day): anything longer is a typo, or an infinity
+spelled out, which would turn a bound into no bound."""
+
+
+MIN_DURATION_S = 0.001
+"""The shortest non-zero duration a setting may name: below a millisecond is a typo."""
+
+
+def _off_or_at_least_min(value: float) -> float:
+    if 0 < value < MIN_DURATION_S:
+        raise ValueError(f"must be 0 (off) or at least {MIN_DURATION_S:g} s, got {value!r}")
+    return value
+
+
+# A duration setting is a finite number of seconds (an int or a float, never a boolean or a
+# string) up to MAX_DURATION_S.
+_Seconds = Annotated[float, Strict(), AllowInfNan(False), Field(le=MAX_DURATION_S)]
+Duration = Annotated[_Seconds, Field(ge=MIN_DURATION_S)]
+DurationOrOff = Annotated[_Seconds, Field(ge=0), AfterValidator(_off_or_at_least_min)]
+"""A duration where 0 means "off"."""
+Count = Annotated[int, Strict()]
+"""A count setting: an integer, never a boolean, a float or a string."""
+
+
 class EngineSettings(_Strict):
     """Timeouts of one request (seconds)."""
 
-    first_token_timeout_s: float = Field(30.0, gt=0)
-    decode_read_timeout_s: float = Field(10.0, ge=0)  # 0: the request deadline bounds the stream
-    request_timeout_s: float = Field(600.0, gt=0)  # the original request deadline
-    max_handoff_age_s: float = Field(25.0, gt=0)
+    first_token_timeout_s: Duration = 30.0
+    decode_read_timeout_s: DurationOrOff = 10.0  # 0: the request deadline bounds the stream
+    request_timeout_s: Duration = 600.0  # the original request deadline
+    max_handoff_age_s: Duration = 25.0
 
 
 class RecoverySettings(_Strict):
-    """Breaker, quarantine, retries and probe cadence."""
+    """Breaker, quarantine, ejection cap, retries and probe cadence."""
 
-    eject_after: int = Field(3, ge=1)
-    failure_quarantine_s: float = Field(0.0, ge=0)
-    max_attempts: int = Field(1, ge=1)  # 1 = no retries
-    retry_budget_ratio: float = Field(0.2, ge=0, le=1)
-    retry_budget_min: int = Field(3, ge=0)
+    eject_after: Annotated[Count, Field(ge=1)] = 3
+    failure_quarantine_s: DurationOrOff = 0.0
+    # Envoy's max_ejection_percent: at most this share of a role's engines is ejected by the
+    # breaker at once, but at least one engine of a role may always be ejected
+    max_ejection_percent: Annotated[Count, Field(ge=0, le=100)] = 50
+    max_attempts: Annotated[Count, Field(ge=1)] = 1  # 1 = no retries
+    retry_budget_ratio: Annotated[float, Strict(), AllowInfNan(False), Field(ge=0, le=1)] = 0.2
+    retry_budget_min: Annotated[Count, Field(ge=0)] = 3
     # the background loop ticks at half of it: a floor keeps that from spinning
-    probe_interval_s: float = Field(5.0, ge=0.01)
+    probe_interval_s: Annotated[Duration, Field(ge=0.01)] = 5.0
 
 
 class EngineContract(_Strict):
@@ -186,6 +224,8 @@ def validation_problems(
             reason = unknown_key
         elif item["type"] == "missing":
             reason = "required key is missing"
+        elif item["type"].endswith(("_type", "_parsing", "finite_number")):
+            reason += f" (got {item['input']!r})"  # e.g. true, "30" or inf where seconds go
         lines.append(f"  {key_path(item['loc'], prefix)}: {reason}")
     return lines
 

@@ -9,6 +9,14 @@ the breaker lets take traffic now (not ejected, probing or quarantined). Engines
 already failed on are avoided while another candidate exists (Envoy's ``previous_hosts``).
 Among candidates the one with the fewest reservations of that phase wins; ties are broken by
 the seeded RNG, so the same seed gives the same placements.
+
+Fallback: quarantine steers traffic away from an engine that just failed, and the ejection cap
+keeps an engine past ``eject_after`` in service (CAPPED); neither leaves a role without an
+engine. When no engine of the phase is ready but some are in service, placement takes, among
+those this request has not failed on if there are any, a quarantined engine before a capped one
+and the quarantine that ends first before a later one (config order among equals), and logs a
+``quarantine_fallback`` decision. Only when every engine of the role is ejected or being probed
+is there no placement (the caller answers 503 with Retry-After).
 """
 
 from __future__ import annotations
@@ -63,9 +71,14 @@ class Placement:
         return [url for url in self._serving[phase] if breaker.placeable(url, now)]
 
     def any_eligible(self, phase: str, now: float) -> bool:
-        """Whether some engine could take ``phase`` now (cheaper than :meth:`candidates`)."""
+        """Whether :meth:`choose` would find an engine for ``phase`` now (a ready one, or a
+        quarantined one to fall back on)."""
         breaker = self._breaker
-        return any(breaker.placeable(url, now) for url in self._serving[phase])
+        return any(breaker.in_service(url) for url in self._serving[phase])
+
+    def falls_back(self, phase: str, now: float) -> bool:
+        """Whether ``phase`` has no ready engine but a quarantined one to fall back on."""
+        return not self.candidates(phase, now) and self.any_eligible(phase, now)
 
     def choose(self, phase: str, now: float, avoid: Collection[str] = ()) -> str | None:
         """The engine for ``phase``, or None when no engine of that role is eligible."""
@@ -91,8 +104,26 @@ class Placement:
                 tied_avoided.append(url)
         chosen = tied or tied_avoided
         if not chosen:
-            return None
+            return self._quarantine_fallback(phase, now, avoid)
         return chosen[0] if len(chosen) == 1 else self._rng.choice(chosen)
+
+    def _quarantine_fallback(self, phase: str, now: float, avoid: Collection[str]) -> str | None:
+        """No engine of ``phase`` is ready: the fallback rule of the module docstring (None: the
+        whole role is out)."""
+        breaker = self._breaker
+        quarantined = [url for url in self._serving[phase] if breaker.in_service(url)]
+        if not quarantined:
+            return None
+        fresh = [url for url in quarantined if url not in avoid]
+
+        def rank(url: str) -> tuple[bool, float]:
+            health = breaker.health(url)
+            until = health.quarantined_until
+            return health.capped, now if until is None else until
+
+        chosen = min(fresh or quarantined, key=rank)  # min keeps the first among equals
+        self._log.add(now, "quarantine_fallback", chosen, phase=phase)
+        return chosen
 
     def reserve(self, url: str, phase: str, now: float, request_id: str) -> Reservation:
         self.counts[url][phase] += 1

@@ -22,6 +22,7 @@ protocol (its ``send`` is a bound method of the connection cycle that holds the 
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -36,8 +37,8 @@ from narwhal.emulator.listener import ListenerControl
 class FaultActor:
     """The faults of one emulated engine, and the means to act them out."""
 
-    def __init__(self) -> None:
-        self.book = FaultBook()
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.book = FaultBook(rng)  # ``rng``: what per-request probabilities are drawn from
         self.listener: ListenerControl | None = None  # the HTTP port's, set by the runner
         self._frozen: anyio.Event | None = None
         self._hung: anyio.Event | None = None

@@ -40,7 +40,7 @@ class EmulatorApp:
     def __init__(self, config: EmulatorConfig, faults: list[FaultSpec] | None = None) -> None:
         self.config = config
         self.engine = EngineState.create(config)
-        self.actor = FaultActor()
+        self.actor = FaultActor(self.engine.fault_rng)
         for spec in faults or []:
             self.actor.schedule(spec)
         self.handoff = Handoff(self.engine)

@@ -33,7 +33,8 @@ def register(subparsers: Any) -> None:
         default=[],
         metavar="SPEC",
         help="KIND[:key=value,...], repeatable; KIND from the fault vocabulary "
-        "(narwhal.core.injected_faults, docs/live.md)",
+        "(narwhal.core.injected_faults, docs/live.md); count=K, phase=P and probability=F "
+        "choose the requests it strikes (probabilities drawn from --seed)",
     )
     emulate.add_argument("--prefill-s-per-token", type=float, default=0.0002)
     emulate.add_argument("--decode-s-per-token", type=float, default=0.002)

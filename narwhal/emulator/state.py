@@ -7,8 +7,11 @@ is handed this state rather than a part of one large app object.
 
 Theory of operation: :meth:`EngineState.create` derives the engine id from the seed and the
 address (one id per engine of a fleet started with one seed, the same id on every run) unless
-the configuration names one. ``counts`` are the counters ``/admin/state`` shows (in this order)
-and ``/metrics`` reports under vLLM's names; ``running`` is the number of requests being served.
+the configuration names one. Two RNGs come from the seed: ``rng`` for request and handoff ids,
+``fault_rng`` for the per-request faults' probabilities (so drawing faults never changes an id);
+engines meant to fail independently are given different seeds. ``counts`` are the counters
+``/admin/state`` shows (in this order) and ``/metrics`` reports under vLLM's names; ``running``
+is the number of requests being served.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class EngineState:
     config: EmulatorConfig
     engine_id: str
     rng: random.Random  # request ids and handoff ids
+    fault_rng: random.Random  # which requests a fault with a probability strikes
     kv: KvStore
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     running: int = 0
@@ -73,4 +77,5 @@ class EngineState:
         identity = random.Random(f"{config.seed}/{config.host}:{config.port}")  # one per engine
         engine_id = config.engine_id or str(uuid.UUID(int=identity.getrandbits(128)))
         kv = KvStore(engine_id, config.block_size, config.kv_lease_s)
-        return cls(config, engine_id, random.Random(config.seed), kv)
+        rng, fault_rng = random.Random(config.seed), random.Random(f"{config.seed}/faults")
+        return cls(config, engine_id, rng, fault_rng, kv)

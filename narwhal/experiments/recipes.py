@@ -16,7 +16,11 @@ requires:
 - ``retries``: settings compared at one rate, so no ``[goodput]``; its runs return samples
   (the CDF of ``first_byte_s``);
 - ``capacity``: the ``figure.size`` and ``figure.ratio`` grid axes and a ``[goodput]`` rate
-  axis.
+  axis;
+- ``diffuse``: at least two ``[[cases]]`` (where the faults are, from one bad engine to every
+  engine a little flaky, in the order drawn), exactly two varied grid axes, ``figure.lines``
+  and ``figure.panels``, and no ``[goodput]`` (its goodput is the on-time rate at the one
+  offered rate: DistServe's cannot rank settings once faults keep every rate under its bar).
 """
 
 from __future__ import annotations
@@ -53,6 +57,12 @@ class CapacityOptions(Options):
     ratio: str = "fleet.pd_ratio"
 
 
+class DiffuseOptions(Options):
+    lines: str = "recovery.max_ejection_percent"  # one line per value
+    panels: str = "recovery.failure_quarantine_s"  # one column of panels per value
+    success_tolerance_pp: float = Field(0.5, ge=0)
+
+
 def _missing_axes(spec: SweepSpec, options: Options, axes: tuple[str, ...]) -> list[str]:
     problems = []
     for axis in axes:
@@ -87,6 +97,22 @@ def check_capacity(spec: SweepSpec, options: CapacityOptions) -> list[str]:
     return problems
 
 
+def check_diffuse(spec: SweepSpec, options: DiffuseOptions) -> list[str]:
+    problems = _missing_axes(spec, options, ("lines", "panels"))
+    if options.lines == options.panels:
+        problems.append("figure.panels: must differ from figure.lines")
+    extra = [
+        k for k, v in spec.grid.items() if k not in (options.lines, options.panels) and len(v) > 1
+    ]
+    if extra:
+        problems.append(f"grid: the diffuse recipe draws two axes; also varied: {', '.join(extra)}")
+    if len(spec.cases) < 2:
+        problems.append("cases: the diffuse recipe draws at least two fault placements as cases")
+    if spec.goodput is not None:
+        problems.append("goodput: the diffuse recipe reads goodput at one rate; drop [goodput]")
+    return problems
+
+
 @dataclass(frozen=True)
 class RecipeRules:
     """What one recipe asks of a spec."""
@@ -103,6 +129,7 @@ RECIPES = {
         RecipeRules("tuning", TuningOptions, False, check_tuning),
         RecipeRules("retries", RetriesOptions, True, check_retries),
         RecipeRules("capacity", CapacityOptions, False, check_capacity),
+        RecipeRules("diffuse", DiffuseOptions, False, check_diffuse),
     )
 }
 

@@ -262,11 +262,10 @@ class Router:
 
     async def _health(self, request: Request) -> Response:
         now = self.clock.now()
-        ready = {
-            phase: len(self.policies.placement.candidates(phase, now))
-            for phase in ("prefill", "decode")
-        }
-        ok = all(ready.values())
+        placement = self.policies.placement
+        ready = {phase: len(placement.candidates(phase, now)) for phase in ("prefill", "decode")}
+        # a role whose engines are only quarantined still serves (placement falls back)
+        ok = all(placement.any_eligible(phase, now) for phase in ("prefill", "decode"))
         return JSONResponse(
             {"status": "ok" if ok else "degraded", "eligible": ready},
             status_code=200 if ok else 503,

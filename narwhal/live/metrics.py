@@ -120,6 +120,18 @@ class RouterMetrics:
         self.quarantines = Counter(
             "narwhal_quarantines", "engines quarantined after a failure", ["engine"], registry=r
         )
+        self.quarantine_fallbacks = Counter(
+            "narwhal_quarantine_fallbacks",
+            "placements on a quarantined engine because no engine of the phase was ready",
+            ["engine", "phase"],
+            registry=r,
+        )
+        self.ejections_capped = Counter(
+            "narwhal_ejections_capped",
+            "ejections not made because of recovery.max_ejection_percent",
+            ["engine"],
+            registry=r,
+        )
         self.stale = Counter(
             "narwhal_stale_results", "late results ignored by the breaker", ["engine"], registry=r
         )
@@ -154,6 +166,10 @@ class RouterMetrics:
             self.quarantines.labels(engine).inc()
         elif kind == "stale":
             self.stale.labels(engine).inc()
+        elif kind == "quarantine_fallback":
+            self.quarantine_fallbacks.labels(engine, str(detail.get("phase", ""))).inc()
+        elif kind == "eject_capped":
+            self.ejections_capped.labels(engine).inc()
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
@@ -182,6 +198,10 @@ def status_document(policies: Policies, clock: AnyioClock) -> dict[str, Any]:
         )
     return {
         "engines": engines,
+        # per phase: no engine is ready, so placement falls back on a quarantined one
+        "quarantine_fallback": {
+            phase: policies.placement.falls_back(phase, now) for phase in ("prefill", "decode")
+        },
         "requests_in_flight": policies.budget.active_requests,
         "retries_in_flight": policies.budget.active_retries,
         "time": clock.wall(),

@@ -23,9 +23,13 @@ def breaker(
     interval: float = 5.0,
     engines: tuple[tuple[str, Role], ...] = ((A, Role.DECODE), (B, Role.DECODE), (C, Role.PREFILL)),
     contract: bool = False,
+    max_ejection_percent: int = 100,
 ) -> Breaker:
     recovery = RecoverySettings(
-        eject_after=eject_after, failure_quarantine_s=quarantine, probe_interval_s=interval
+        eject_after=eject_after,
+        failure_quarantine_s=quarantine,
+        probe_interval_s=interval,
+        max_ejection_percent=max_ejection_percent,
     )
     return Breaker(engines, recovery, random.Random(0), DecisionLog(), contract_configured=contract)
 
@@ -309,3 +313,68 @@ def test_a_wave_member_down_by_health_check_does_not_keep_the_wave_due() -> None
     assert retry_at is not None and retry_at > 15.0  # backed off
     assert all(b.due_probes(t) == [] for t in (11.0, 12.0, 13.0, 14.0, 15.0))
     assert b.due_probes(retry_at) == [B]
+
+
+D = "http://d"
+FOUR_DECODERS = ((A, Role.DECODE), (B, Role.DECODE), (C, Role.DECODE), (D, Role.DECODE))
+
+
+def capped_log(b: Breaker) -> list[str | None]:
+    return [d.engine for d in b._log.entries if d.kind == "eject_capped"]
+
+
+@pytest.mark.parametrize(
+    ("percent", "allowed"), [(0, 1), (24, 1), (25, 1), (49, 1), (50, 2), (74, 2), (75, 3), (100, 4)]
+)
+def test_the_ejection_cap_at_its_boundaries(percent: int, allowed: int) -> None:
+    b = breaker(eject_after=1, engines=FOUR_DECODERS, max_ejection_percent=percent)
+    ejected = [fail(b, url, 1.0) for url in (A, B, C, D)]
+    assert ejected == [i < allowed for i in range(4)]  # at least one may always be ejected
+    assert [b.state(u, 1.0) for u in (A, B, C, D)].count(EngineState.EJECTED) == allowed
+    assert capped_log(b) == [A, B, C, D][allowed:]
+
+
+def test_a_capped_engine_is_a_last_resort_until_another_is_readmitted() -> None:
+    b = breaker(eject_after=2, engines=FOUR_DECODERS, max_ejection_percent=25)
+    fail(b, A, 0.0)
+    assert fail(b, A, 0.0)
+    fail(b, B, 1.0)
+    assert not fail(b, B, 1.0)  # over the cap: B reached eject_after but stays in service
+    assert b.state(B, 1.0) is EngineState.CAPPED
+    assert b.in_service(B) and not b.placeable(B, 1.0)  # only a fallback
+    assert not fail(b, B, 2.0)  # still capped: the streak goes on, nothing ejected
+    assert b.health(B).streak == 3
+    (due,) = b.due_probes(100.0)
+    b.on_probe(due, 100.0, ProbeOutcome.PASSED)  # A readmitted: room under the cap again
+    assert b.state(A, 100.0) is EngineState.READY
+    assert b.state(B, 100.0) is EngineState.EJECTED  # B goes at once, and will be probed
+    assert [d.kind for d in b._log.entries[-2:]] == ["readmit", "eject"]
+
+
+def test_a_completed_leg_frees_a_capped_engine() -> None:
+    b = breaker(eject_after=1, engines=FOUR_DECODERS, max_ejection_percent=25)
+    assert fail(b, A, 0.0)
+    assert not fail(b, B, 0.0)
+    b.on_success(B, b.epoch(B), 1.0, phase="prefill")  # the other phase's streak: still capped
+    assert b.state(B, 1.0) is EngineState.CAPPED
+    b.on_success(B, b.epoch(B), 1.0, phase="decode")
+    assert b.state(B, 1.0) is EngineState.READY
+
+
+def test_the_cap_counts_an_engine_of_role_both_in_each_role_it_serves() -> None:
+    engines = ((A, Role.BOTH), (B, Role.DECODE), (C, Role.PREFILL), (D, Role.PREFILL))
+    b = breaker(eject_after=1, engines=engines, max_ejection_percent=50)
+    assert fail(b, C, 0.0)  # prefill: A, C, D -> one may be ejected
+    assert not fail(b, A, 0.0)  # would be a second prefill engine out
+    assert not b.on_failure(D, b.epoch(D), 0.0, phase="prefill")
+    assert fail(b, B, 0.0)  # decode: A, B -> one may be ejected
+
+
+def test_health_checks_are_not_capped_but_count_against_the_cap() -> None:
+    b = breaker(eject_after=1, engines=FOUR_DECODERS, max_ejection_percent=25)
+    for url in (A, B, C, D):
+        b.on_health(url, 0.0, ok=False)  # really down: the whole role goes, as a wave
+    assert all(b.state(u, 0.0) is EngineState.EJECTED for u in (A, B, C, D))
+    b.on_health(A, 1.0, ok=True)
+    assert not fail(b, A, 2.0)  # three of four are down: no room for a breaker ejection
+    assert b.state(A, 2.0) is EngineState.CAPPED and b.in_service(A)

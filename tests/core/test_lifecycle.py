@@ -418,11 +418,8 @@ def test_client_disconnect_during_prefill_releases_the_handoff_slot() -> None:
 def test_no_eligible_engine_is_503_with_retry_after() -> None:
     clock = VirtualClock()
     policies = Policies(config(), seed=3)
-    for url in (D0, D1):
-        for _ in range(3):
-            policies.breaker.on_failure(
-                url, policies.breaker.epoch(url), clock.now(), phase="decode"
-            )
+    for url in (D0, D1):  # every consumer down (the ejection cap holds breaker ejections)
+        policies.breaker.on_health(url, clock.now(), ok=False)
     transport = ScriptedTransport(clock, {})
     sink = RecordingSink()
     request = parse_client_request(
@@ -439,12 +436,9 @@ def test_a_consumer_lost_during_the_prefill_gets_its_handoff_released() -> None:
     policies = Policies(config(), seed=3)
 
     class EjectingTransport(ScriptedTransport):
-        async def call(self, *args: Any, **kwargs: Any) -> Any:  # both consumers fail meanwhile
+        async def call(self, *args: Any, **kwargs: Any) -> Any:  # both consumers go down meanwhile
             for url in (D0, D1):
-                for _ in range(3):
-                    policies.breaker.on_failure(
-                        url, policies.breaker.epoch(url), clock.now(), phase="decode"
-                    )
+                policies.breaker.on_health(url, clock.now(), ok=False)
             return await super().call(*args, **kwargs)
 
     transport = EjectingTransport(clock, {})

@@ -109,3 +109,24 @@ def test_a_hung_engine_answers_health_and_opens_streams_but_generates_nothing(
 def test_emulate_refuses_an_old_fault_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["emulate", "--port", "0", "--fault", "close:after=1"]) == 2
     assert "'close' is now called 'disconnect'" in capsys.readouterr().err
+
+
+def test_a_fault_with_a_probability_strikes_that_share_of_requests_as_seeded(
+    emulator: Callable[..., Emulator],
+) -> None:
+    def statuses(engine: Emulator) -> list[int]:
+        body = {"prompt": PROMPT, "max_tokens": 1}
+        return [
+            HTTP.post(engine.url + "/v1/completions", json=body).status_code for _ in range(150)
+        ]
+
+    fault = {"kind": "http_5xx", "code": 503, "probability": 0.2}
+    first, twin, other = (emulator("both", seed=seed) for seed in (5, 5, 6))
+    for engine in (first, twin, other):
+        engine.faults(fault)
+    assert first.state()["faults"] == [{**fault, "count": None, "phase": "any"}]
+    drawn = statuses(first)
+    assert set(drawn) == {200, 503}
+    assert 15 <= drawn.count(503) <= 45  # 20% of 150, binomial sd about 5
+    assert statuses(twin) == drawn  # the same seed strikes the same requests
+    assert statuses(other) != drawn

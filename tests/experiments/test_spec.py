@@ -12,6 +12,9 @@ from narwhal.experiments.plan import build_plan
 from narwhal.experiments.spec import SpecError, load_spec, parse_spec
 from tests.experiments.conftest import EXPERIMENTS
 
+DIFFUSE_GRID = {"recovery.max_ejection_percent": [50], "recovery.failure_quarantine_s": [0.0]}
+TWO_CASES = [{"label": "a"}, {"label": "b"}]
+
 
 def _refusal(data: dict[str, Any]) -> str:
     with pytest.raises(SpecError) as caught:
@@ -57,6 +60,44 @@ def _refusal(data: dict[str, Any]) -> str:
         ),
         ({"sweep": {"recipe": "capacity"}, "grid": {"fleet.size": [4]}}, "goodput: the capacity"),
         ({"figure": {"x": "a"}}, "figure: options given but [sweep].recipe is not set"),
+        (
+            {"sweep": {"recipe": "diffuse"}, "grid": DIFFUSE_GRID, "cases": [{"label": "a"}]},
+            "cases: the diffuse recipe draws at least two fault placements",
+        ),
+        (
+            {
+                "sweep": {"recipe": "diffuse"},
+                "grid": DIFFUSE_GRID,
+                "cases": TWO_CASES,
+                "goodput": {"rate_multipliers": [1.0]},
+            },
+            "goodput: the diffuse recipe reads goodput at one rate",
+        ),
+        (
+            {
+                "sweep": {"recipe": "diffuse"},
+                "grid": {**DIFFUSE_GRID, "recovery.eject_after": [1, 3]},
+                "cases": TWO_CASES,
+            },
+            "grid: the diffuse recipe draws two axes; also varied: recovery.eject_after",
+        ),
+        (
+            {
+                "sweep": {"recipe": "diffuse"},
+                "grid": {"recovery.max_ejection_percent": [50]},
+                "cases": TWO_CASES,
+            },
+            "figure.panels: 'recovery.failure_quarantine_s' is not an axis of [grid]",
+        ),
+        (
+            {
+                "sweep": {"recipe": "diffuse"},
+                "grid": DIFFUSE_GRID,
+                "cases": TWO_CASES,
+                "figure": {"panels": "recovery.max_ejection_percent"},
+            },
+            "figure.panels: must differ from figure.lines",
+        ),
         (
             {"grid": {"recovery.eject_after": [1, 2]}, "quick": {"grid": {"fleet.size": [2]}}},
             "quick.grid.fleet.size: not an axis of [grid]",
@@ -125,7 +166,7 @@ def test_cli_refuses_a_bad_spec_with_exit_2(
     assert "invalid TOML" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["tuning", "retries", "capacity"])
+@pytest.mark.parametrize("name", ["tuning", "retries", "capacity", "diffuse"])
 def test_shipped_recipes_are_valid_full_and_quick(name: str) -> None:
     spec = load_spec(EXPERIMENTS / f"{name}.toml")
     assert spec.sweep.recipe == name

@@ -20,6 +20,7 @@ RECIPE_FILES = {
     "tuning": ["tuning"],
     "retries": ["retries_cdf", "retries_errors"],
     "capacity": ["capacity"],
+    "diffuse": ["diffuse"],
 }
 FIGURE_COLUMNS = {
     "tuning": {"recovery.eject_after", "recovery.failure_quarantine_s", "success_pct",
@@ -28,6 +29,8 @@ FIGURE_COLUMNS = {
     "retries_errors": {"setting", "error_class", "requests_pct"},
     "capacity": {"fleet_size", "pd_ratio", "prefill", "decode", "offered_rps",
                  "slo_attainment_pct", "goodput_rps", "goodput_per_engine"},
+    "diffuse": {"case", "recovery.max_ejection_percent", "recovery.failure_quarantine_s",
+                "success_pct", "goodput_rps", "no_engine_503s", "recommended", "default"},
 }  # fmt: skip
 
 
@@ -62,6 +65,12 @@ def test_quick_recipe_writes_csv_and_png(name: str, tmp_path: Path) -> None:
         assert rows and FIGURE_COLUMNS[stem] <= set(rows[0])
     if name == "tuning":
         assert sum(r["recommended"] == "True" for r in _read(out / "tuning.csv")) == 1
+    if name == "diffuse":  # one setting recommended, one the default: a row per case each
+        rows = _read(out / "diffuse.csv")
+        assert sum(r["recommended"] == "True" for r in rows) == len(spec.cases)
+        default = [r for r in rows if r["default"] == "True"]
+        assert len(default) == len(spec.cases)
+        assert {r["recovery.max_ejection_percent"] for r in default} == {"50"}
 
 
 def _files(result: SweepResult, out: Path) -> dict[str, bytes]:

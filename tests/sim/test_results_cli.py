@@ -104,7 +104,11 @@ def test_tpot_counts_the_tokens_delivered_before_an_early_done() -> None:
 
 
 HUNG_FOREVER = {
-    "engine": {"first_token_timeout_s": 1e6, "decode_read_timeout_s": 0, "request_timeout_s": 1e7},
+    "engine": {
+        "first_token_timeout_s": 86400,
+        "decode_read_timeout_s": 0,
+        "request_timeout_s": 86400,
+    },
     "fleet": {"prefill": 1, "decode": 1},
     "workload": {
         "kind": "fixed",
@@ -130,8 +134,8 @@ def test_requests_still_running_when_the_run_stops_are_reported_unfinished(
     assert summary["fault_windows"] == 1
     path = tmp_path / "hung.toml"
     path.write_text(
-        "[engine]\nfirst_token_timeout_s = 1e6\ndecode_read_timeout_s = 0\n"
-        "request_timeout_s = 1e7\n[fleet]\nprefill = 1\ndecode = 1\n"
+        "[engine]\nfirst_token_timeout_s = 86400\ndecode_read_timeout_s = 0\n"
+        "request_timeout_s = 86400\n[fleet]\nprefill = 1\ndecode = 1\n"
         '[workload]\nkind = "fixed"\narrivals_s = [0.0, 0.5]\n'
         '[[faults]]\nkind = "hang"\nrole = "decode"\nat_s = 0.0\nduration_s = 1e7\n'
         "[sim]\nmax_sim_s = 5.0\n"

@@ -12,6 +12,9 @@ this package only draws.
   by error class.
 - ``capacity``: goodput against fleet size per prefill:decode ratio, and the attainment curves
   behind it.
+- ``diffuse``: success and goodput against where the faults are (one bad engine ... every
+  engine a little flaky), a line per value of one recovery setting and a column of panels per
+  value of another, the recommended setting and the shipped defaults marked.
 
 Each recipe module exposes ``draw(result, options, out) -> list[Path]``; it is imported only
 when its figures are drawn (matplotlib is not loaded otherwise).
@@ -32,6 +35,7 @@ DRAWINGS = {
     "tuning": "narwhal.experiments.figures.tuning",
     "retries": "narwhal.experiments.figures.retries",
     "capacity": "narwhal.experiments.figures.capacity",
+    "diffuse": "narwhal.experiments.figures.diffuse",
 }
 
 
