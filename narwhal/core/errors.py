@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from narwhal.core import wire
+
 DONE_BEFORE_TOKEN_TEXT = "stream ended with [DONE] before any token arrived"
 SILENCE_TEXT = "engine went silent between tokens"
 
@@ -81,14 +83,7 @@ class Fault:
         """The OpenAI-shaped error object sent to the client."""
         if self.upstream_body is not None:
             return self.upstream_body
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": None,
-                "code": self.status,
-            }
-        }
+        return wire.error_object(self.status, self.message, self.error_type)
 
 
 def fault(

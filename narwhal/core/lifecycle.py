@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from narwhal.core import wire
 from narwhal.core.assemble import ResponseAssembler
 from narwhal.core.errors import Fault, FaultKind, fault
 from narwhal.core.legs import DecodeLeg, prefill_leg, stale_handoff
@@ -36,7 +37,7 @@ from narwhal.core.ports import ClientGone, ClientSink, Ports
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import ClientRequest, decode_body
 from narwhal.core.retry import Deadline
-from narwhal.core.sse import EventKind, encode_data_event
+from narwhal.core.sse import EventKind
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 CLIENT_GONE_STATUS = 499  # nginx's convention for "client closed request"
@@ -50,7 +51,7 @@ def _status_headers(failure: Fault, retry_after_s: float) -> dict[str, str]:
 
 def terminal_event(failure: Fault) -> bytes:
     """The one SSE event that ends a committed stream after a failure."""
-    return encode_data_event(failure.error_body())
+    return wire.sse_event(wire.to_json(failure.error_body()))
 
 
 class _Lifecycle:

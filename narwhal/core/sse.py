@@ -29,7 +29,6 @@ to the client byte-for-byte as vLLM would have sent it.
 from __future__ import annotations
 
 import enum
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,11 +115,6 @@ class SseEvent:
 
 _DONE_WIRE = b"data: [DONE]\n\n"
 _DONE_EVENT = SseEvent(EventKind.DONE, _DONE, encoded=_DONE_WIRE)
-
-
-def encode_data_event(payload: dict[str, Any]) -> bytes:
-    """``payload`` as one SSE event on the wire: ``data: <JSON>`` and a blank line."""
-    return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
 # ---------------------------------------------------------------- classification

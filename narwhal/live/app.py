@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from narwhal.core import wire
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.jsonparse import parse_json
 from narwhal.core.lifecycle import serve_request
@@ -42,7 +43,6 @@ from narwhal.core.ports import Ports, Reply
 from narwhal.core.probe import maintenance_loop
 from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.requests import CHAT, COMPLETIONS, BadRequest, parse_client_request
-from narwhal.core.sse import encode_data_event
 from narwhal.live.clock import AnyioClock, to_wall
 from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.sink import AsgiSink, run_with_disconnect
@@ -57,23 +57,11 @@ log = logging.getLogger("narwhal.live")
 request_log = logging.getLogger("narwhal.requests")
 
 
-def openai_error(status: int, message: str, kind: str, code: Any = None) -> dict[str, Any]:
-    """An OpenAI-shaped error body."""
-    return {
-        "error": {
-            "message": message,
-            "type": kind,
-            "param": None,
-            "code": status if code is None else code,
-        }
-    }
-
-
 async def _http_error(request: Request, error: Exception) -> Response:
     """Starlette's own errors (unknown path 404, wrong method 405) in OpenAI's error shape."""
     assert isinstance(error, HTTPException)
     kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-    body = openai_error(
+    body = wire.error_object(
         error.status_code, f"{error.detail}: {request.method} {request.url.path}", kind
     )
     return JSONResponse(body, status_code=error.status_code, headers=error.headers)
@@ -239,8 +227,11 @@ class Router:
     @staticmethod
     def unauthorized() -> JSONResponse:
         return JSONResponse(
-            openai_error(
-                401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+            wire.error_object(
+                401,
+                "Incorrect API key provided.",
+                "invalid_request_error",
+                code="invalid_api_key",
             ),
             status_code=401,
         )
@@ -256,7 +247,7 @@ class Router:
                     merged.setdefault(model["id"], model)
         if not merged:
             return JSONResponse(
-                openai_error(503, "no engine answered /v1/models", "no_engine_available"), 503
+                wire.error_object(503, "no engine answered /v1/models", "no_engine_available"), 503
             )
         return JSONResponse({"object": "list", "data": list(merged.values())})
 
@@ -307,13 +298,13 @@ async def _answer_shutdown(sink: AsgiSink, send: Send) -> None:
     """End a request cut short by shutdown: 503 before the commit, a terminal event after."""
     if sink.gone or sink.finished:
         return
-    error = openai_error(503, SHUTDOWN_MESSAGE, "service_unavailable")
+    error = wire.error_object(503, SHUTDOWN_MESSAGE, "service_unavailable")
     log.warning("request cut short by the shutdown grace period")
     with contextlib.suppress(Exception):
         if not sink.started:
             await sink.respond(503, error, {"retry-after": "1"})
             return
-        event = encode_data_event(error)
+        event = wire.sse_event(wire.to_json(error))
         await send({"type": "http.response.body", "body": event, "more_body": False})
 
 
@@ -340,7 +331,9 @@ class _Inference:
             body = parse_json(raw)
         except ValueError as error:
             await sink.respond(
-                400, openai_error(400, f"malformed JSON body: {error}", "invalid_request_error"), {}
+                400,
+                wire.error_object(400, f"malformed JSON body: {error}", "invalid_request_error"),
+                {},
             )
             return
         try:
@@ -348,7 +341,7 @@ class _Inference:
                 self.endpoint, body, request_id=request_id, arrival=arrival
             )
         except BadRequest as error:
-            await sink.respond(400, openai_error(400, str(error), "invalid_request_error"), {})
+            await sink.respond(400, wire.error_object(400, str(error), "invalid_request_error"), {})
             return
 
         async def work() -> None:
@@ -366,7 +359,7 @@ class _Inference:
 
     async def _read_body(self, receive: Receive, headers: Headers, sink: AsgiSink) -> bytes | None:
         limit = self.router._max_body
-        too_large = openai_error(
+        too_large = wire.error_object(
             413, f"request body larger than {limit} bytes", "invalid_request_error"
         )
         declared = headers.get("content-length", "")

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from narwhal.core import wire
+
 MAX_HEAD_BYTES = 64 * 1024
 
 _REFUSAL = (
@@ -32,10 +34,8 @@ _REFUSAL = (
 
 
 def _refusal() -> bytes:
-    body = (
-        b'{"error": {"message": "request line and headers over '
-        + str(MAX_HEAD_BYTES).encode()
-        + b' bytes", "type": "invalid_request_error", "param": null, "code": 431}}'
+    body = wire.error_body(
+        431, f"request line and headers over {MAX_HEAD_BYTES} bytes", "invalid_request_error"
     )
     return _REFUSAL + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
 
