@@ -289,7 +289,7 @@ def _bad_block(path: str, value: object, wanted: str) -> DescriptorError:
 
 
 def _check_flat_ids(ids: list[Any], path: str) -> None:
-    for item in ids:  # the usual case: plain non-negative ints (a tight loop when compiled)
+    for item in ids:  # the usual case: plain non-negative ints
         if type(item) is not int or item < 0:
             break
     else:

@@ -1,12 +1,12 @@
-"""Copying JSON values fast: the detached copies the core hands out are JSON trees.
+"""Copying JSON values: the detached copies the core hands out are JSON trees.
 
 Rule kept here: a copy shares no mutable container with its source; scalars (str, int, float,
 bool, None) are immutable and shared. Anything that is not plain JSON falls back to
 ``copy.deepcopy``, so the result is always a true deep copy.
 
-Why not ``copy.deepcopy`` everywhere: it keeps a memo and dispatches per object, which made the
-descriptor's block-id lists (one int per KV block) a fifth of the simulator's run time. A list of
-plain scalars is copied with one slice.
+Theory of operation: JSON trees hold no cycles and no shared objects that must stay shared, so
+no memo is needed: a dict is copied and only its containers are copied in turn, and a list of
+plain scalars (block ids, token ids) is copied with one slice.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ T = TypeVar("T")
 
 def _is_scalar(value: object) -> bool:
     """Whether ``value`` is a JSON scalar of exactly a built-in type (a subclass, e.g. an enum,
-    is copied like any other object). Identity tests: when compiled, ten times faster than a
-    set lookup."""
+    is copied like any other object)."""
     kind = type(value)
     return kind is int or kind is str or kind is float or kind is bool or value is None
 
@@ -32,7 +31,7 @@ def json_copy(value: T) -> T:
     kind = type(value)
     if kind is dict:
         source: dict[Any, Any] = value  # type: ignore[assignment]
-        # a dict's copy (one C call) shares its scalars; only containers are copied in turn
+        # a dict's copy shares its scalars; only containers are copied in turn
         copied = source.copy()
         for k, v in source.items():
             if not _is_scalar(v):

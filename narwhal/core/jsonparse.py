@@ -6,11 +6,11 @@ recursion limit and then raises ``RecursionError``, which nothing expects: a cli
 thousand nested brackets was a 500 with a traceback, and a reply nested just below the limit
 could still make the core's recursive work (copying, validating) overflow later.
 
-Theory of operation: :func:`parse_json` is ``pydantic_core.from_json`` (pydantic's own Rust
-parser: a fixed recursion bound, and about three times as fast as ``json.loads`` on a prefill
-reply). It gives the same values as ``json.loads`` for every document the router handles
-(``NaN`` and ``Infinity`` are accepted like ``json.loads`` does; a duplicate key keeps its last
-value); it refuses lone UTF-16 surrogates (``"\\ud800"``), which ``json.loads`` lets through.
+Theory of operation: :func:`parse_json` is ``pydantic_core.from_json`` (pydantic's own Rust parser,
+with a fixed recursion bound). It gives the same values as ``json.loads`` for every document the
+router handles (``NaN`` and ``Infinity`` are accepted like ``json.loads`` does; a duplicate key
+keeps its last value); it refuses lone UTF-16 surrogates (``"\\ud800"``), which ``json.loads`` lets
+through.
 """
 
 from __future__ import annotations

@@ -10,11 +10,13 @@ comment lines (leading ``:``), accumulates the ``data`` field (one leading space
 removed, several lines joined with ``\\n``), ignores every other field, and dispatches an event on
 each blank line that follows at least one ``data`` line. Only complete lines are decoded (UTF-8,
 invalid bytes replaced), so a multi-byte character split across chunks is never torn; a UTF-8 byte
-order mark at the very start of the stream is dropped. Every chunk is scanned once: the
-unterminated tail is kept aside and only joined when its line ends, so the work is linear in the
-stream's length however it is cut. At end of stream :meth:`SseParser.close` discards an
-unterminated event, as the specification says, and :attr:`SseParser.pending` tells whether there
-was one (a truncated stream).
+order mark at the very start of the stream is dropped. Every chunk is scanned once: the unterminated
+tail is kept aside and only joined when its line ends, so the work is linear in the stream's length
+however it is cut. Chunks of whole one-line events with nothing held (the usual shape) skip the line
+splitting, and such an event that repeats the last one taken whole is that same event (classifying
+is pure), so it is not classified again. At end of stream :meth:`SseParser.close` discards an
+unterminated event, as the specification says, and :attr:`SseParser.pending` tells whether there was
+one (a truncated stream).
 
 :func:`classify` turns one event's data into a kind the router acts on (vLLM's shapes, see
 docs/contract.md): ``[DONE]`` ends the stream; a JSON object with a truthy ``error`` key, or
@@ -129,7 +131,7 @@ def classify(data: str, encoded: bytes | None = None) -> SseEvent:
         if data == _DONE or data.strip() == _DONE:
             return SseEvent(EventKind.DONE, data, encoded=encoded)
     try:
-        payload = parse_json(data)  # the router's one JSON parser (bounded depth, fast)
+        payload = parse_json(data)  # the router's one JSON parser (bounded depth)
     except ValueError:
         return SseEvent(EventKind.MALFORMED, data, encoded=encoded)
     if not isinstance(payload, dict):
