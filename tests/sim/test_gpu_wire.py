@@ -55,3 +55,9 @@ def test_the_tokenizer_counts_characters_ids_or_messages() -> None:
     assert wire.prompt_tokens({"prompt": [5, 6, 7]}) == 3
     assert wire.prompt_tokens({"messages": [{"role": "user", "content": "abc"}]}) == 3 + 4 + 2
     assert wire.prompt_tokens({"max_tokens": 3}) is None
+
+
+def test_block_ids_are_written_as_json_array_items() -> None:
+    assert wire.block_ids_text([]) == ""
+    assert wire.block_ids_text([3, 0, 12]) == "3,0,12"
+    assert wire.block_ids_text([70_000, 5]) == "70000,5"  # past the ids seen so far

@@ -83,6 +83,20 @@ def chunk_body(n: int, final: bool, chat: bool) -> bytes:
     return b"x" * n + b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
 
 
+_ID_TEXT: list[str] = []  # str(i) for the block ids 0, 1, ... seen so far, shared by every engine
+
+
+def block_ids_text(block_ids: list[int]) -> str:
+    """``block_ids`` as the items of a JSON array. Why a table of their texts: a prefill reply
+    lists every KV block of its prompt, and formatting each id anew cost as much as all the
+    rest of the compiled engine's work on the request."""
+    if block_ids:
+        top = max(block_ids)
+        if top >= len(_ID_TEXT):
+            _ID_TEXT.extend(map(str, range(len(_ID_TEXT), top + 1)))
+    return ",".join([_ID_TEXT[block] for block in block_ids])
+
+
 def prefill_reply(
     rid: str,
     model_json: str,
@@ -96,7 +110,7 @@ def prefill_reply(
     """A producer's answer to a prefill leg: a one-token completion whose
     ``kv_transfer_params`` tell the consumer where to pull the KV of ``block_ids`` (``engine_id``
     and ``host`` are the engine's own plain text)."""
-    ids = ",".join(map(str, block_ids))
+    ids = block_ids_text(block_ids)
     return (
         f'{{"id":{json.dumps(wire.completion_id(rid, False))},"object":"text_completion",'
         f'"created":{CREATED},"model":{model_json},"choices":[{{'
