@@ -136,7 +136,13 @@ class Placement:
         ``least_reserved``)."""
         # (methods called on their objects, not through bound methods: direct calls compiled)
         breaker = self._breaker
-        candidates = [url for url in self._serving[phase] if breaker.placeable(url, now)]
+        # while every engine of the phase is ready (the common case), the candidates are the
+        # serving list itself, not a copy (policies only read it)
+        candidates = serving = self._serving[phase]
+        for url in serving:
+            if not breaker.placeable(url, now):
+                candidates = [url for url in serving if breaker.placeable(url, now)]
+                break
         if not candidates:
             return self._quarantine_fallback(phase, now, avoid, request)
         if avoid:

@@ -47,7 +47,9 @@ def policy(
         ({"num_requests_waiting": "3"}, "num_requests_waiting must be a number"),
     ],
 )
-def test_engine_load_refuses_what_no_engine_reports(fields: dict[str, object], message: str) -> None:
+def test_engine_load_refuses_what_no_engine_reports(
+    fields: dict[str, object], message: str
+) -> None:
     values: dict[str, object] = {
         "num_requests_waiting": 0,
         "num_requests_running": 0,

@@ -28,7 +28,11 @@ URLS = ["http://e0", "http://e1", "http://e2", "http://e3"]
 
 
 def counts(*loads: int, phase: str = "prefill") -> Counts:
-    return {url: {"prefill": 0, "decode": 0, phase: load} for url, load in zip(URLS, loads)}
+    """Reservations of ``phase`` per engine (the first engines, as many as loads given)."""
+    return {
+        url: {"prefill": 0, "decode": 0, phase: load}
+        for url, load in zip(URLS, loads, strict=False)
+    }
 
 
 def test_every_configured_name_builds_the_policy_of_that_name() -> None:

@@ -54,7 +54,8 @@ class RoutingPolicy:
         self._rng = rng
 
     def choose(self, candidates: list[str], request: ClientRequest | None, now: float) -> str:
-        """One of ``candidates`` (never empty, config order) for ``request`` at ``now``."""
+        """One of ``candidates`` (never empty, config order; read, never changed) for
+        ``request`` at ``now``."""
         raise NotImplementedError
 
     def placed(self, url: str, request: ClientRequest | None, now: float) -> None:
