@@ -111,7 +111,10 @@ class Placement:
         """Whether :meth:`choose` would find an engine for ``phase`` now (a ready one, or a
         quarantined one to fall back on)."""
         breaker = self._breaker
-        return any(breaker.in_service(url) for url in self._serving[phase])
+        for url in self._serving[phase]:  # (a loop, not any() over a generator: once a request)
+            if breaker.in_service(url):
+                return True
+        return False
 
     def falls_back(self, phase: str, now: float) -> bool:
         """Whether ``phase`` has no ready engine but a quarantined one to fall back on."""

@@ -37,6 +37,8 @@ class EngineLoad:
     ``num_requests_waiting``/``num_requests_running``: requests queued / in the running batch
     (gauges, so floats are accepted as Prometheus writes them); ``kv_cache_usage_perc``: the
     share of KV-cache blocks in use, 0..1 (vLLM's name says percent; the value is a fraction).
+    What is not a number raises TypeError; a negative or non-finite value, or a KV share over
+    1, ValueError (a driver drops such a scrape: the engine's load stays what it last was).
     """
 
     num_requests_waiting: float
@@ -47,7 +49,7 @@ class EngineLoad:
         for name in ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number, got {value!r}")
+                raise TypeError(f"{name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be finite and at least 0, got {value!r}")
         if self.kv_cache_usage_perc > 1:
