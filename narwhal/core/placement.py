@@ -79,7 +79,6 @@ class Placement:
         routing: RoutingSettings | None = None,
     ) -> None:
         self._breaker = breaker
-        self._rng = rng
         self._log = log
         self.counts: dict[str, dict[str, int]] = {url: dict.fromkeys(PHASES, 0) for url in roles}
         # the engines serving each phase, in config order (roles are fixed for a router's life)
@@ -111,7 +110,8 @@ class Placement:
         """Whether :meth:`choose` would find an engine for ``phase`` now (a ready one, or a
         quarantined one to fall back on)."""
         breaker = self._breaker
-        for url in self._serving[phase]:  # (a loop, not any() over a generator: once a request)
+        # a plain loop, not any() over a generator (which costs more than the loop; every attempt)
+        for url in self._serving[phase]:  # noqa: SIM110
             if breaker.in_service(url):
                 return True
         return False

@@ -4,6 +4,7 @@ bounded LRU index and its bisected match, and the choice with its load guard at 
 from __future__ import annotations
 
 import random
+import tracemalloc
 from typing import Any
 
 from hypothesis import given, settings
@@ -104,6 +105,20 @@ def test_the_bisected_match_is_the_longest_held_prefix(
     while linear < len(chain) and chain[linear] in index:
         linear += 1
     assert index.match(chain) == linear
+
+
+def test_the_index_memory_is_bounded_by_its_capacity() -> None:
+    index = PrefixIndex(capacity=5000)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(20):  # 10x the capacity, in distinct chains
+            index.record(block_hashes(f"{i:04}".encode() * 1000, 4, 10_000))
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(index) == 5000
+    assert grown < 200 * 5000  # the docstring's ~130 bytes a block, not ten times that
 
 
 def no_counts() -> Counts:

@@ -1,9 +1,9 @@
 """``prefix_affinity``: send a prompt to the engine that has seen the longest prefix of it.
 
 Rule kept here: the index is approximate and bounded — per engine at most
-``max_blocks_per_engine`` block hashes (8-byte digests in an ordered dict, on the order of
-100-150 bytes each: about 4-5 MB per engine at the default 32,768), least recently used evicted
-first — and it is pure: nothing here does I/O or reads a clock.
+``max_blocks_per_engine`` block hashes (8-byte digests in an ordered dict, about 130 bytes
+each with their entry: about 4 MB per engine at the default 32,768), least recently used
+evicted first — and it is pure: nothing here does I/O or reads a clock.
 
 Theory of operation:
 - The prompt is rendered to UTF-8 bytes whole (:func:`rendered_prompt`): a completion's prompt
