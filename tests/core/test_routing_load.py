@@ -58,7 +58,7 @@ def test_engine_load_refuses_what_no_engine_reports(
         EngineLoad(**values)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("value", [True, "3", None])
+@pytest.mark.parametrize("value", ["3", None])
 def test_engine_load_refuses_what_is_not_a_number(value: object) -> None:
     # (the compiled build refuses them on construction, with its own message)
     with pytest.raises(TypeError):

@@ -48,7 +48,7 @@ class EngineLoad:
     def __post_init__(self) -> None:
         for name in ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if not isinstance(value, int | float):
                 raise TypeError(f"{name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be finite and at least 0, got {value!r}")
