@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -171,11 +171,57 @@ class EngineEntry(_Strict):
         return None if value is None else _check_host_port(value)
 
 
+RoutingPolicyName = Literal[
+    "least_reserved", "round_robin", "random", "power_of_two", "least_loaded", "prefix_affinity"
+]
+"""The routing policies a phase can use (narwhal.core.routing); the names are the interface."""
+
+Weight = Annotated[float, Strict(), AllowInfNan(False), Field(ge=0)]
+"""A non-negative finite weight (an int or a float, never a boolean or a string)."""
+
+
+class LeastLoadedSettings(_Strict):
+    """``least_loaded``: engines ranked by the load they report (vLLM's /metrics gauges).
+
+    An engine's score is ``waiting_weight * num_requests_waiting + running_weight *
+    num_requests_running + kv_cache_weight * kv_cache_usage_perc``, each placement made on it
+    since its report counting as one more waiting request; the lowest score wins."""
+
+    # a report older than this counts as unknown; with any candidate's load unknown, the choice
+    # is least_reserved
+    max_report_age_s: Duration = 2.0
+    waiting_weight: Weight = 1.0
+    running_weight: Weight = 1.0
+    kv_cache_weight: Weight = 1.0  # kv_cache_usage_perc is 0..1: a full cache counts as 1
+
+
+class PrefixAffinitySettings(_Strict):
+    """``prefix_affinity``: the engine that has seen the longest prefix of the prompt wins."""
+
+    # characters (UTF-8 bytes) of the rendered prompt per hashed block: the router's estimate
+    # of vLLM's block of tokens
+    block_size: Annotated[Count, Field(ge=1, le=65_536)] = 16
+    max_blocks_per_engine: Annotated[Count, Field(ge=1, le=10_000_000)] = 32_768
+    # the longest match is overridden (least_reserved instead) when the engine it picks holds
+    # more than this many reservations of the phase above the least reserved candidate
+    imbalance_threshold: Annotated[Count, Field(ge=0)] = 8
+
+
+class RoutingSettings(_Strict):
+    """Which routing policy places each phase, and the policies' parameters."""
+
+    prefill: RoutingPolicyName = "least_reserved"
+    decode: RoutingPolicyName = "least_reserved"
+    least_loaded: LeastLoadedSettings = LeastLoadedSettings()
+    prefix_affinity: PrefixAffinitySettings = PrefixAffinitySettings()
+
+
 class NarwhalConfig(_Strict):
     """The whole configuration. Defaults are the documented ones (README)."""
 
     engine: EngineSettings = EngineSettings()
     recovery: RecoverySettings = RecoverySettings()
+    routing: RoutingSettings = RoutingSettings()
     engine_contract: EngineContract | None = None
     engines: list[EngineEntry] = Field(min_length=1)
 

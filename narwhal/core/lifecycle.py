@@ -230,7 +230,7 @@ class _Lifecycle:
             )
         if not policies.placement.any_eligible("decode", now):
             return self._no_engine("decode")  # nobody could take the handoff: spare the prefill
-        producer = policies.placement.choose("prefill", now, self.failed_engines)
+        producer = policies.placement.choose("prefill", now, self.failed_engines, self.request)
         if producer is None:
             return self._no_engine("prefill")
         self._producer = producer
@@ -257,7 +257,7 @@ class _Lifecycle:
         policies.breaker.on_success(producer, self._epochs[producer], now, phase="prefill")
         self.unused_handoff = (producer, descriptor)
 
-        consumer = policies.placement.choose("decode", now, self.failed_engines)
+        consumer = policies.placement.choose("decode", now, self.failed_engines, self.request)
         if consumer is None:
             return self._no_engine("decode")
         self._reserve(consumer, "decode", now)

@@ -1,14 +1,18 @@
-"""Placement: which engine serves each phase, and the phase reservations that count load.
+"""Placement: which engines may serve each phase, the routing policy that picks one, and the
+phase reservations that count load.
 
 Rule kept here: a reservation is taken by :meth:`Placement.reserve` and released exactly once
-(release is idempotent and synchronous, so ``finally`` blocks can always run it); the counters
-are the only load signal placement uses.
+(release is idempotent and synchronous, so ``finally`` blocks can always run it). Which engines
+a policy may pick is decided here, once, for every policy alike.
 
 Theory of operation: for a phase, the candidates are the engines whose role serves it and that
-the breaker lets take traffic now (not ejected, probing or quarantined). Engines this request
-already failed on are avoided while another candidate exists (Envoy's ``previous_hosts``).
-Among candidates the one with the fewest reservations of that phase wins; ties are broken by
-the seeded RNG, so the same seed gives the same placements.
+the breaker lets take traffic now (ready: not ejected, probing, quarantined or capped). Engines
+this request already failed on are avoided while another candidate exists (Envoy's
+``previous_hosts``). The phase's routing policy (:mod:`narwhal.core.routing`, chosen by
+``[routing] prefill`` / ``decode``; the default, ``least_reserved``, takes the fewest
+reservations of the phase, ties broken by the seeded RNG) picks one of the candidates; every policy draws from this placement's seeded RNG, so the same
+seed gives the same placements. Engine-reported load reaches the policies through
+:meth:`Placement.report_load`.
 
 Fallback: quarantine steers traffic away from an engine that just failed, and the ejection cap
 keeps an engine past ``eject_after`` in service (CAPPED); neither leaves a role without an
@@ -26,8 +30,12 @@ from collections.abc import Collection
 from typing import Final
 
 from narwhal.core.breaker import Breaker
-from narwhal.core.config import Role
+from narwhal.core.config import Role, RoutingSettings
 from narwhal.core.records import DecisionLog
+from narwhal.core.requests import ClientRequest
+from narwhal.core.routing.build import build_policy
+from narwhal.core.routing.load import EngineLoad, LoadReports
+from narwhal.core.routing.policy import RoutingPolicy
 
 PHASES = ("prefill", "decode")
 
@@ -54,16 +62,35 @@ class Placement:
     """Chooses engines and tracks reservations in flight."""
 
     def __init__(
-        self, roles: dict[str, Role], breaker: Breaker, rng: random.Random, log: DecisionLog
+        self,
+        roles: dict[str, Role],
+        breaker: Breaker,
+        rng: random.Random,
+        log: DecisionLog,
+        routing: RoutingSettings | None = None,
     ) -> None:
         self._breaker = breaker
-        self._rng = rng
         self._log = log
         self.counts: dict[str, dict[str, int]] = {url: dict.fromkeys(PHASES, 0) for url in roles}
         # the engines serving each phase, in config order (roles are fixed for a router's life)
         self._serving = {
             "prefill": [url for url, role in roles.items() if role.produces],
             "decode": [url for url, role in roles.items() if role.consumes],
+        }
+        self.load_reports = LoadReports(list(roles))
+        settings = routing if routing is not None else RoutingSettings()
+        names = {"prefill": settings.prefill, "decode": settings.decode}
+        self.routing: dict[str, RoutingPolicy] = {
+            phase: build_policy(
+                names[phase],
+                phase,
+                serving=self._serving[phase],
+                counts=self.counts,
+                rng=rng,
+                reports=self.load_reports,
+                settings=settings,
+            )
+            for phase in PHASES
         }
 
     def candidates(self, phase: str, now: float) -> list[str]:
@@ -74,40 +101,53 @@ class Placement:
         """Whether :meth:`choose` would find an engine for ``phase`` now (a ready one, or a
         quarantined one to fall back on)."""
         breaker = self._breaker
-        return any(breaker.in_service(url) for url in self._serving[phase])
+        # a plain loop, not any() over a generator (which costs more than the loop; every attempt)
+        for url in self._serving[phase]:  # noqa: SIM110
+            if breaker.in_service(url):
+                return True
+        return False
 
     def falls_back(self, phase: str, now: float) -> bool:
         """Whether ``phase`` has no ready engine but a quarantined one to fall back on."""
         return not self.candidates(phase, now) and self.any_eligible(phase, now)
 
-    def choose(self, phase: str, now: float, avoid: Collection[str] = ()) -> str | None:
-        """The engine for ``phase``, or None when no engine of that role is eligible."""
-        # One pass: the least loaded eligible engines, in config order, kept apart for engines
-        # to avoid, which are chosen only when no other is eligible.
-        breaker, counts = self._breaker, self.counts
-        tied: list[str] = []
-        least = 0
-        tied_avoided: list[str] = []
-        least_avoided = 0
-        for url in self._serving[phase]:
-            if not breaker.placeable(url, now):
-                continue
-            load = counts[url][phase]
-            if url not in avoid:
-                if not tied or load < least:
-                    tied, least = [url], load
-                elif load == least:
-                    tied.append(url)
-            elif not tied_avoided or load < least_avoided:
-                tied_avoided, least_avoided = [url], load
-            elif load == least_avoided:
-                tied_avoided.append(url)
-        chosen = tied or tied_avoided
-        if not chosen:
-            return self._quarantine_fallback(phase, now, avoid)
-        return chosen[0] if len(chosen) == 1 else self._rng.choice(chosen)
+    def report_load(self, url: str, load: EngineLoad, now: float) -> None:
+        """``url`` reported ``load`` as of ``now`` (read by ``least_loaded``; see
+        :mod:`narwhal.core.routing.load` for when a report stops counting)."""
+        self.load_reports.report(url, load, now)
 
-    def _quarantine_fallback(self, phase: str, now: float, avoid: Collection[str]) -> str | None:
+    def choose(
+        self,
+        phase: str,
+        now: float,
+        avoid: Collection[str] = (),
+        request: ClientRequest | None = None,
+    ) -> str | None:
+        """The engine for ``phase``, or None when no engine of that role is eligible.
+
+        ``avoid``: engines ``request`` already failed on; ``request``: what the policy may
+        read (its prompt, for ``prefix_affinity``; None: a policy that needs it falls back on
+        ``least_reserved``)."""
+        # (methods called on their objects, not through bound methods: direct calls compiled)
+        breaker = self._breaker
+        # while every engine of the phase is ready (the common case), the candidates are the
+        # serving list itself, not a copy (policies only read it)
+        candidates = serving = self._serving[phase]
+        for url in serving:
+            if not breaker.placeable(url, now):
+                candidates = [url for url in serving if breaker.placeable(url, now)]
+                break
+        if not candidates:
+            return self._quarantine_fallback(phase, now, avoid, request)
+        if avoid:
+            fresh = [url for url in candidates if url not in avoid]
+            if fresh:
+                candidates = fresh
+        return self.routing[phase].choose(candidates, request, now)
+
+    def _quarantine_fallback(
+        self, phase: str, now: float, avoid: Collection[str], request: ClientRequest | None
+    ) -> str | None:
         """No engine of ``phase`` is ready: the fallback rule of the module docstring (None: the
         whole role is out)."""
         breaker = self._breaker
@@ -123,6 +163,7 @@ class Placement:
 
         chosen = min(fresh or quarantined, key=rank)  # min keeps the first among equals
         self._log.add(now, "quarantine_fallback", chosen, phase=phase)
+        self.routing[phase].placed(chosen, request, now)
         return chosen
 
     def reserve(self, url: str, phase: str, now: float, request_id: str) -> Reservation:

@@ -39,7 +39,7 @@ class Policies:
             contract_configured=config.engine_contract is not None,
         )
         self.placement = Placement(
-            roles, self.breaker, random.Random(root.getrandbits(64)), self.log
+            roles, self.breaker, random.Random(root.getrandbits(64)), self.log, config.routing
         )
         self.budget = RetryBudget(
             config.recovery.retry_budget_ratio, config.recovery.retry_budget_min

@@ -146,3 +146,82 @@ def test_engine_urls_are_normalised() -> None:
     assert cfg.engines[0].url == "http://localhost:8100"
     ipv6 = parse_config({"engines": [{"url": "http://[::1]:8100", "role": "both"}]})
     assert ipv6.engines[0].url == "http://[::1]:8100"
+
+
+ROUTING = """
+[routing]
+prefill = "prefix_affinity"
+decode = "least_loaded"
+[routing.least_loaded]
+max_report_age_s = 1.5
+waiting_weight = 2
+running_weight = 0.5
+kv_cache_weight = 0
+[routing.prefix_affinity]
+block_size = 32
+max_blocks_per_engine = 1000
+imbalance_threshold = 0
+[[engines]]
+url = "http://127.0.0.1:8100"
+role = "both"
+"""
+
+
+def test_routing_table_loads() -> None:
+    routing = parse_config(tomllib.loads(ROUTING)).routing
+    assert (routing.prefill, routing.decode) == ("prefix_affinity", "least_loaded")
+    loaded = routing.least_loaded
+    assert (loaded.max_report_age_s, loaded.waiting_weight, loaded.running_weight) == (1.5, 2, 0.5)
+    assert loaded.kv_cache_weight == 0
+    affinity = routing.prefix_affinity
+    assert (affinity.block_size, affinity.max_blocks_per_engine) == (32, 1000)
+    assert affinity.imbalance_threshold == 0
+
+
+def test_routing_defaults() -> None:
+    routing = parse_config(FLEET).routing
+    assert (routing.prefill, routing.decode) == ("least_reserved", "least_reserved")
+    loaded, affinity = routing.least_loaded, routing.prefix_affinity
+    assert (loaded.max_report_age_s, loaded.waiting_weight) == (2.0, 1.0)
+    assert (loaded.running_weight, loaded.kv_cache_weight) == (1.0, 1.0)
+    assert (affinity.block_size, affinity.max_blocks_per_engine) == (16, 32_768)
+    assert affinity.imbalance_threshold == 8
+
+
+@pytest.mark.parametrize(
+    ("routing", "key", "reason"),
+    [
+        ({"prefill": "cache_aware"}, "routing.prefill", "'least_reserved', 'round_robin'"),
+        ({"decode": "Random"}, "routing.decode", "'prefix_affinity'"),
+        ({"decode": 1}, "routing.decode", "'least_reserved'"),
+        ({"both": "random"}, "routing.both", "unknown key"),
+        ({"least_loaded": {"max_report_age_s": 0}}, "routing.least_loaded.max_report_age_s",
+         "greater than or equal to 0.001"),
+        ({"least_loaded": {"max_report_age_s": "2s"}}, "routing.least_loaded.max_report_age_s",
+         "valid number"),
+        ({"least_loaded": {"waiting_weight": -1}}, "routing.least_loaded.waiting_weight",
+         "greater than or equal to 0"),
+        ({"least_loaded": {"kv_cache_weight": True}}, "routing.least_loaded.kv_cache_weight",
+         "(got True)"),
+        ({"least_loaded": {"running_weight": float("inf")}},
+         "routing.least_loaded.running_weight", "finite"),
+        ({"least_loaded": {"wait_weight": 1}}, "routing.least_loaded.wait_weight", "unknown key"),
+        ({"prefix_affinity": {"block_size": 0}}, "routing.prefix_affinity.block_size",
+         "greater than or equal to 1"),
+        ({"prefix_affinity": {"block_size": 16.0}}, "routing.prefix_affinity.block_size",
+         "valid integer"),
+        ({"prefix_affinity": {"max_blocks_per_engine": 0}},
+         "routing.prefix_affinity.max_blocks_per_engine", "greater than or equal to 1"),
+        ({"prefix_affinity": {"max_blocks_per_engine": 10**8}},
+         "routing.prefix_affinity.max_blocks_per_engine", "less than or equal to 10000000"),
+        ({"prefix_affinity": {"imbalance_threshold": -1}},
+         "routing.prefix_affinity.imbalance_threshold", "greater than or equal to 0"),
+        ({"round_robin": {}}, "routing.round_robin", "unknown key"),
+    ],
+)  # fmt: skip
+def test_bad_routing_names_key_and_reason(routing: dict, key: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({**FLEET, "routing": routing}, "fleet.toml")
+    lines = str(error.value).splitlines()
+    line = next(line for line in lines if line.strip().startswith(key + ":"))
+    assert reason in line, line

@@ -1,16 +1,21 @@
-"""Placement: eligibility, least-reserved choice, seeded ties, reservations released once."""
+"""Placement: eligibility, least-reserved choice, seeded ties, reservations released once; every
+routing policy bound by the same eligibility, avoid rule and quarantine fallback."""
 
 from __future__ import annotations
 
 import random
+from typing import get_args
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from narwhal.core.breaker import Breaker
-from narwhal.core.config import RecoverySettings, Role
+from narwhal.core.config import RecoverySettings, Role, RoutingPolicyName, RoutingSettings
 from narwhal.core.placement import Placement
 from narwhal.core.records import DecisionLog
+from narwhal.core.requests import COMPLETIONS, ClientRequest
+from narwhal.core.routing.load import EngineLoad
+from narwhal.core.routing.prefix import PrefixAffinity
 
 ROLES = {
     "http://p0": Role.PREFILL,
@@ -162,3 +167,139 @@ def test_a_capped_engine_is_placed_only_when_no_quarantined_one_is_left() -> Non
     assert p.choose("decode", 1.0) == "http://d2"  # quarantined until 2.5, before capped d1
     assert p.choose("decode", 1.0, avoid={"http://d2"}) == "http://d1"  # capped, not failed on
     assert p.choose("decode", 3.0) == "http://d2"  # ready again
+
+
+# ---------------------------------------------------------------- every routing policy alike
+
+POLICY_NAMES = list(get_args(RoutingPolicyName))
+SHARED_PROMPT = "a long system prompt that every engine may have seen " * 4
+
+
+def routed(
+    name: str, seed: int, max_ejection_percent: int = 100
+) -> tuple[Placement, Breaker, DecisionLog]:
+    log = DecisionLog()
+    b = Breaker(
+        ROLES.items(),
+        RecoverySettings(
+            eject_after=2, failure_quarantine_s=1.0, max_ejection_percent=max_ejection_percent
+        ),
+        random.Random(seed),
+        log,
+    )
+    routing = RoutingSettings(prefill=name, decode=name)  # type: ignore[arg-type]
+    return Placement(ROLES, b, random.Random(seed), log, routing), b, log
+
+
+def test_the_default_policy_is_least_reserved_for_both_phases() -> None:
+    p, _ = placement()
+    assert {phase: policy.name for phase, policy in p.routing.items()} == {
+        "prefill": "least_reserved",
+        "decode": "least_reserved",
+    }
+
+
+@settings(derandomize=True, max_examples=400, deadline=None)
+@given(
+    name=st.sampled_from(POLICY_NAMES),
+    phase=st.sampled_from(["prefill", "decode"]),
+    loads=st.lists(st.integers(0, 3), min_size=len(URLS), max_size=len(URLS)),
+    failures=st.lists(st.integers(0, 2), min_size=len(URLS), max_size=len(URLS)),
+    cap=st.sampled_from([0, 50, 100]),
+    now=st.sampled_from([0.5, 1.0]),
+    avoid=st.sets(st.sampled_from(URLS)),
+    seen=st.sets(st.sampled_from(URLS)),
+    reported=st.lists(st.integers(0, 5), min_size=len(URLS), max_size=len(URLS)),
+    seed=st.integers(0, 2**16),
+)
+def test_every_policy_keeps_to_the_eligible_engines(
+    name: str,
+    phase: str,
+    loads: list[int],
+    failures: list[int],
+    cap: int,
+    now: float,
+    avoid: set[str],
+    seen: set[str],
+    reported: list[int],
+    seed: int,
+) -> None:
+    """Breaker (ejection, quarantine, ejection cap), quarantine fallback and the retry's
+    "avoid" rule bound every policy's choice the same way, whatever its own preferences: the
+    engines an ineligible engine would win by (the lowest reported load, the longest prefix,
+    the fewest reservations) are tempted with those on purpose."""
+    p, b, log = routed(name, seed, cap)
+    request = ClientRequest("r", COMPLETIONS, {"prompt": SHARED_PROMPT}, 0.0)
+    serves = [u for u, r in ROLES.items() if (r.produces if phase == "prefill" else r.consumes)]
+    for i, url in enumerate(URLS):
+        p.counts[url][phase] = loads[i]
+        p.report_load(url, EngineLoad(reported[i], 0, 0.0), 0.0)
+        if url in seen and url in serves:
+            p.routing[phase].placed(url, request, 0.0)  # it has the prompt's prefix
+        for _ in range(failures[i]):  # 1: quarantined until 1.0; 2: ejected (unless capped)
+            b.on_failure(url, b.epoch(url), 0.0, phase=phase)
+    ready = [u for u in serves if b.placeable(u, now)]
+    allowed = [u for u in ready if u not in avoid] or ready
+    chosen = p.choose(phase, now, avoid, request)
+    if allowed:
+        assert chosen in allowed
+        assert not fallbacks(log)
+        return
+    in_service = [u for u in serves if b.in_service(u)]
+    if not in_service:
+        assert chosen is None
+        return
+    # the fallback is placement's, the same for every policy: a quarantined engine before a
+    # capped one, the quarantine that ends first, on an engine not avoided if there is one
+    # (first in config order among equals)
+    preferred = [u for u in in_service if u not in avoid] or in_service
+    rank = {u: (b.health(u).capped, b.health(u).quarantined_until or now) for u in preferred}
+    assert chosen == min(preferred, key=lambda u: rank[u])
+    assert fallbacks(log) == [(chosen, phase)]
+
+
+def test_an_engine_over_the_ejection_cap_is_placed_by_every_policy() -> None:
+    for name in POLICY_NAMES:
+        p, b, log = routed(name, seed=1, max_ejection_percent=0)
+        for url in ("http://d0", "http://b0"):  # eject_after=2 reached by both
+            for _ in range(2):
+                b.on_failure(url, b.epoch(url), 0.0, phase="decode")
+        # one engine of a role may always be ejected (d0); the cap keeps b0 in service
+        assert [d.engine for d in log.entries if d.kind == "eject_capped"] == ["http://b0"]
+        assert p.choose("decode", 0.5) == "http://b0", name  # quarantined: the fallback
+        assert p.choose("decode", 1.0) == "http://b0", name  # capped: the last resort
+        assert p.choose("decode", 1.0, avoid={"http://b0"}) == "http://b0", name
+
+
+def test_the_request_reaches_the_policy() -> None:
+    p, _, _ = routed("prefix_affinity", seed=0)
+    request = ClientRequest("r", COMPLETIONS, {"prompt": SHARED_PROMPT}, 0.0)
+    first = p.choose("prefill", 0.0, request=request)
+    assert first is not None
+    p.counts[first]["prefill"] = 1  # one reservation more than the others: within the guard
+    assert [p.choose("prefill", 0.0, (), request) for _ in range(5)] == [first] * 5
+    # the default request (None): the policy cannot match and falls back to least_reserved
+    assert p.choose("prefill", 0.0) != first
+
+
+def test_a_quarantine_fallback_is_told_to_the_policy() -> None:
+    p, b, _ = routed("prefix_affinity", seed=0)
+    request = ClientRequest("r", COMPLETIONS, {"prompt": SHARED_PROMPT}, 0.0)
+    for url in ("http://d0", "http://b0"):
+        b.on_failure(url, b.epoch(url), 0.0, phase="decode")  # both quarantined until 1.0
+    assert p.choose("decode", 0.5, {"http://b0"}, request) == "http://d0"
+    policy = p.routing["decode"]
+    assert isinstance(policy, PrefixAffinity)
+    assert policy.indexes["http://d0"].match(policy.chain(request)) > 0
+    assert len(policy.indexes["http://b0"]) == 0
+
+
+def test_load_reports_reach_least_loaded() -> None:
+    p, _, _ = routed("least_loaded", seed=0)
+    p.report_load("http://d0", EngineLoad(4, 0, 0.0), 0.0)
+    p.report_load("http://b0", EngineLoad(0, 1, 0.0), 0.0)
+    assert p.choose("decode", 0.0) == "http://b0"  # 1 < 4, whatever the reservations say
+    p.counts["http://b0"]["decode"] = 9
+    assert p.choose("decode", 1.0) == "http://b0"  # score 2 (its pick since the report) < 4
+    # 10 s later both reports are stale: reservations decide
+    assert p.choose("decode", 10.0) == "http://d0"

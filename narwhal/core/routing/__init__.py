@@ -1,0 +1,11 @@
+"""Routing policies: which of the eligible engines serves a phase of a request.
+
+Rule kept here: a policy only ranks the candidates :class:`~narwhal.core.placement.Placement`
+gives it (engines of the phase's role the breaker lets take traffic, less those the request
+failed on while others exist); eligibility, the quarantine fallback, the ejection cap and the
+retry's "avoid" rule stay in placement and so apply to every policy alike.
+
+Modules: :mod:`.policy` (the interface and the reservation-based rules), :mod:`.load`
+(engine-reported load and ``least_loaded``), :mod:`.prefix` (the prompt block index and
+``prefix_affinity``), :mod:`.build` (a policy from its configured name).
+"""

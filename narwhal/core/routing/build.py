@@ -1,0 +1,48 @@
+"""A routing policy from its configured name (``[routing] prefill`` / ``decode``).
+
+Rule kept here: every name of :data:`~narwhal.core.config.RoutingPolicyName` builds exactly one
+policy class, whose ``name`` is that name; the configuration refuses any other name before a
+router is built.
+"""
+
+from __future__ import annotations
+
+import random
+
+from narwhal.core.config import RoutingSettings
+from narwhal.core.routing.load import LeastLoaded, LoadReports
+from narwhal.core.routing.policy import (
+    Counts,
+    LeastReserved,
+    PowerOfTwo,
+    RandomChoice,
+    RoundRobin,
+    RoutingPolicy,
+)
+from narwhal.core.routing.prefix import PrefixAffinity
+
+
+def build_policy(
+    name: str,
+    phase: str,
+    *,
+    serving: list[str],
+    counts: Counts,
+    rng: random.Random,
+    reports: LoadReports,
+    settings: RoutingSettings,
+) -> RoutingPolicy:
+    """The policy called ``name`` placing ``phase`` over the engines ``serving`` it."""
+    if name == "least_reserved":
+        return LeastReserved(phase, counts, rng)
+    if name == "round_robin":
+        return RoundRobin(phase, counts, rng, serving)
+    if name == "random":
+        return RandomChoice(phase, counts, rng)
+    if name == "power_of_two":
+        return PowerOfTwo(phase, counts, rng)
+    if name == "least_loaded":
+        return LeastLoaded(phase, counts, rng, reports, settings.least_loaded)
+    if name == "prefix_affinity":
+        return PrefixAffinity(phase, counts, rng, serving, settings.prefix_affinity)
+    raise ValueError(f"unknown routing policy {name!r}")
