@@ -10,9 +10,9 @@ the breaker lets take traffic now (ready: not ejected, probing, quarantined or c
 this request already failed on are avoided while another candidate exists (Envoy's
 ``previous_hosts``). The phase's routing policy (:mod:`narwhal.core.routing`, chosen by
 ``[routing] prefill`` / ``decode``; the default, ``least_reserved``, takes the fewest
-reservations of the phase, ties broken by the seeded RNG) picks one of the candidates; every policy draws from this placement's seeded RNG, so the same
-seed gives the same placements. Engine-reported load reaches the policies through
-:meth:`Placement.report_load`.
+reservations of the phase, ties broken by the seeded RNG) picks one of the candidates; every
+policy draws from this placement's seeded RNG, so the same seed gives the same placements.
+Engine-reported load reaches the policies through :meth:`Placement.report_load`.
 
 Fallback: quarantine steers traffic away from an engine that just failed, and the ejection cap
 keeps an engine past ``eject_after`` in service (CAPPED); neither leaves a role without an
