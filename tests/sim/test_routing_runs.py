@@ -36,9 +36,6 @@ def test_the_scenario_routing_decides_the_placements() -> None:
     assert turns != producers("least_reserved") and len(set(producers("random"))) == 2
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the lifecycle does not pass the request to Placement.choose yet"
-)
 def test_prefix_affinity_keeps_a_shared_prompt_on_one_engine() -> None:
     # every prompt of this workload is the same: within the load guard, the engine that has it
     affinity = Counter(producers("prefix_affinity"))
