@@ -13,7 +13,6 @@ import sys
 import textwrap
 import time
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,21 +29,12 @@ from tests.vllm.fakes import fake_venv
 from tests.vllm.harness import REPO
 
 
-@pytest.fixture
-def running() -> Iterator[Servers]:
-    servers = Servers()
-    try:
-        yield servers
-    finally:
-        servers.stop_all()
-
-
 def test_calibrate_measures_an_emulated_pair_and_writes_a_simulator_fleet(
-    running: Servers, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    servers: Servers, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     timing = LinearTiming(decode_s_per_token=0.002)
-    producer = start_emulator(running, role="prefill", timing=timing)
-    consumer = start_emulator(running, role="decode", timing=timing)
+    producer = start_emulator(servers, role="prefill", timing=timing)
+    consumer = start_emulator(servers, role="decode", timing=timing)
     out, data_path = tmp_path / "fleet.toml", tmp_path / "calibration.json"
     code = main(
         ["calibrate", "--engine", producer.url, "--decode-engine", consumer.url,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -18,13 +17,6 @@ from tests.live.conftest import Emulator, Servers, start_emulator
 TIMING = LinearTiming(decode_s_per_token=0.002)
 
 
-@pytest.fixture
-def running() -> Iterator[Servers]:
-    servers = Servers()
-    try:
-        yield servers
-    finally:
-        servers.stop_all()
 
 
 def events(wire: bytes) -> list:  # type: ignore[type-arg]
@@ -57,10 +49,10 @@ def test_stream_marks_count_tokens_from_usage_and_refuse_errors() -> None:
         seen.take(events(b"data: {not json\n\n"), 4.0)
 
 
-def test_time_batch_sends_prompts_of_the_asked_length(running: Servers) -> None:
+def test_time_batch_sends_prompts_of_the_asked_length(servers: Servers) -> None:
     """The step is timed on prompts of ``prompt_length`` characters (the emulator counts the
     prompt tokens it computes)."""
-    engine = start_emulator(running, timing=TIMING)
+    engine = start_emulator(servers, timing=TIMING)
     computed: list[int] = []
     for length in (24, 600):
         before = engine.app.engine.counts["local_tokens"]
@@ -72,14 +64,14 @@ def test_time_batch_sends_prompts_of_the_asked_length(running: Servers) -> None:
     assert computed[1] > 10 * computed[0] > 0
 
 
-def emulated_pair(running: Servers) -> tuple[Emulator, Emulator]:
-    producer = start_emulator(running, role="prefill", timing=TIMING)
-    consumer = start_emulator(running, role="decode", timing=TIMING)
+def emulated_pair(servers: Servers) -> tuple[Emulator, Emulator]:
+    producer = start_emulator(servers, role="prefill", timing=TIMING)
+    consumer = start_emulator(servers, role="decode", timing=TIMING)
     return producer, consumer
 
 
-def test_time_handoff_times_both_legs_of_a_real_handoff(running: Servers) -> None:
-    producer, consumer = emulated_pair(running)
+def test_time_handoff_times_both_legs_of_a_real_handoff(servers: Servers) -> None:
+    producer, consumer = emulated_pair(servers)
     with httpx.Client(timeout=10) as http:
         sample = time_handoff(http, producer.url, consumer.url, "x" * 40, "tiny-llama", 6)
     assert sample.prompt_tokens > 0
@@ -87,8 +79,8 @@ def test_time_handoff_times_both_legs_of_a_real_handoff(running: Servers) -> Non
     assert sample.decode_s_per_token >= TIMING.decode_s_per_token * 0.5
 
 
-def test_an_in_band_error_fails_the_handoff_instead_of_being_timed(running: Servers) -> None:
-    producer, consumer = emulated_pair(running)
+def test_an_in_band_error_fails_the_handoff_instead_of_being_timed(servers: Servers) -> None:
+    producer, consumer = emulated_pair(servers)
     consumer.faults({"kind": "inband_error", "after_tokens": 2, "code": 500})
     with httpx.Client(timeout=10) as http, pytest.raises(RuntimeError, match="stream error"):
         time_handoff(http, producer.url, consumer.url, "x" * 40, "tiny-llama", 6)
