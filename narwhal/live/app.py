@@ -100,6 +100,7 @@ class Router:
                 Route(CHAT, inference[CHAT], methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
+                Route("/livez", self._livez, methods=["GET"]),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/status", self._status, methods=["GET"]),
             ],
@@ -250,6 +251,12 @@ class Router:
                 wire.error_object(503, "no engine answered /v1/models", "no_engine_available"), 503
             )
         return JSONResponse({"object": "list", "data": list(merged.values())})
+
+    async def _livez(self, request: Request) -> Response:
+        """Liveness: the process serves. Apart from readiness (``/health``) so that an outage
+        of the engines, which ``/health`` reports, never gets the router restarted and its
+        breaker state thrown away."""
+        return JSONResponse({"status": "alive"})
 
     async def _health(self, request: Request) -> Response:
         now = self.clock.now()

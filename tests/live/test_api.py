@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -194,3 +195,25 @@ def test_the_prefill_leg_drops_what_a_one_token_non_streamed_request_cannot_carr
     assert reply.status_code == 200, reply.text
     direct = HTTP.post(pair[0]["url"] + "/v1/completions", json={**body, "stream": False})
     assert direct.status_code == 400  # what the producer says if they were forwarded
+
+
+def test_livez_stays_up_while_health_reports_an_outage(
+    router: Callable[..., RouterHandle], emulator: Callable[..., Emulator]
+) -> None:
+    """Readiness follows the engines, liveness only the process: an orchestrator probing
+    ``/livez`` does not restart the router (and lose its breaker state) during an outage."""
+    closed = bind("127.0.0.1", 0)
+    dead_url = f"http://127.0.0.1:{port_of(closed)}"
+    closed.close()  # nothing listens there: every health check is refused
+    consumer = emulator("decode")
+    handle = router(
+        [{"url": dead_url, "role": "prefill"}, {"url": consumer.url, "role": "decode"}],
+        recovery={"eject_after": 1},
+    )
+    assert HTTP.get(handle.url + "/livez").json() == {"status": "alive"}
+    deadline = time.monotonic() + 10
+    while HTTP.get(handle.url + "/health").status_code != 503:
+        assert time.monotonic() < deadline, "the refused producer was never ejected"
+        time.sleep(0.02)
+    reply = HTTP.get(handle.url + "/livez")
+    assert (reply.status_code, reply.json()) == (200, {"status": "alive"})
