@@ -94,7 +94,8 @@ def test_ports_mount_and_grace_line_up(manifests: dict[str, dict[str, Any]]) -> 
     assert service_port["targetPort"] == port["name"]
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service_port["name"] and endpoint["path"] == "/metrics"
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    watched = monitor["spec"]["selector"]["matchLabels"]
+    assert watched.items() <= service["metadata"]["labels"].items()
 
 
 def test_the_container_recipe_runs_what_the_deployment_runs(
