@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="ADDRESS",
         help="run on Ray: 'local' starts one here, or 'auto' / 'ray://head:10001' "
-        "(needs the ray extra: pip install 'narwhal[ray]')",
+        "(needs the ray extra: pip install 'narwhal-router[ray]')",
     )
     parser.add_argument("--quick", action="store_true", help="the spec's [quick] version (tests)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

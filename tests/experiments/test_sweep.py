@@ -118,7 +118,7 @@ def test_ray_missing_is_a_clear_error(
     code = main(["sweep", str(tiny_spec), "--ray", "local", "--no-progress",
                  "--out", str(tiny_spec.parent / "out")])  # fmt: skip
     assert code == 1
-    assert "pip install 'narwhal[ray]'" in capsys.readouterr().err
+    assert "pip install 'narwhal-router[ray]'" in capsys.readouterr().err
 
 
 def test_redraw_rebuilds_the_same_files_from_runs_csv(tmp_path: Path) -> None:
