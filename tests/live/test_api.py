@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -217,3 +219,27 @@ def test_livez_stays_up_while_health_reports_an_outage(
         time.sleep(0.02)
     reply = HTTP.get(handle.url + "/livez")
     assert (reply.status_code, reply.json()) == (200, {"status": "alive"})
+
+
+def test_a_clients_request_id_is_used_echoed_and_logged(
+    router: Callable[..., RouterHandle],
+    pair: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="narwhal.requests")
+    handle = router(pair)
+    url = handle.url + "/v1/completions"
+    body = {"prompt": "hi", "max_tokens": 2}
+    reply = HTTP.post(url, json=body, headers={"x-request-id": "trace-7f3a.1"})
+    assert reply.status_code == 200 and reply.headers["x-request-id"] == "trace-7f3a.1"
+    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "narwhal.requests"]
+    assert [line["request_id"] for line in logged] == ["trace-7f3a.1"]
+    placed = [d.as_dict() for d in handle.router.policies.log.entries if d.kind == "place"]
+    assert {d["request"] for d in placed} == {"trace-7f3a.1"}  # both legs, under the client's id
+    fresh = set()
+    for header in ({}, {"x-request-id": "has space"}, {"x-request-id": "x" * 129}):
+        reply = HTTP.post(url, json=body, headers=header)
+        assert reply.status_code == 200
+        assert re.fullmatch(r"req-[0-9a-f]{32}", reply.headers["x-request-id"])
+        fresh.add(reply.headers["x-request-id"])
+    assert len(fresh) == 3  # random, not a counter that restarts with the process
