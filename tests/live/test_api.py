@@ -109,8 +109,8 @@ def test_status_health_models_metrics(
     handle.client().completions.create(model="tiny-llama", prompt="hello", max_tokens=2)
     metrics = handle.metrics()
     assert metric_value(metrics, "narwhal_requests_total", outcome="ok", status="200") == 1
-    assert metric_value(metrics, "narwhal_ttft_s_count") == 1
-    assert metric_value(metrics, "narwhal_first_byte_s_count") == 1
+    assert metric_value(metrics, "narwhal_time_to_prefill_seconds_count") == 1
+    assert metric_value(metrics, "narwhal_time_to_first_token_seconds_count") == 1
     assert metric_value(metrics, "narwhal_engine_state", engine=pair[1]["url"], state="ready") == 1
     assert metric_value(metrics, "narwhal_placements_total", phase="decode") == 1
     assert "narwhal_reservations_in_flight" in metrics
