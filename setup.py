@@ -10,7 +10,7 @@ with it. A plain ``pip install`` (editable or not) stays pure Python, so an edit
 always the code that runs.
 
     python3 -m venv .venv-compiled
-    .venv-compiled/bin/pip install setuptools wheel 'mypy>=1.10,<2'
+    .venv-compiled/bin/pip install 'setuptools>=77' wheel 'mypy>=1.10,<2'
     NARWHAL_COMPILE=1 .venv-compiled/bin/pip install --no-build-isolation '.[dev]'
 
 (``scripts/build_compiled.sh`` does exactly this.) Metadata lives in ``pyproject.toml``.

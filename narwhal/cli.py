@@ -15,6 +15,12 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from narwhal import __version__
+
+# What the ``sim`` extra installs: a router-only install lacks them, and a subcommand that needs
+# one says how to get it instead of showing a traceback.
+SIM_EXTRA_MODULES = frozenset({"simpy", "matplotlib", "tqdm"})
+
 COMMAND_MODULES = (
     "narwhal.sim.commands",
     "narwhal.live.commands",
@@ -29,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="narwhal",
         description="Router for disaggregated LLM serving, and a simulator of faulty GPU fleets.",
     )
+    parser.add_argument("--version", action="version", version=f"narwhal {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
@@ -45,6 +52,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as error:
+        if error.name not in SIM_EXTRA_MODULES:
+            raise
+        print(
+            f"narwhal {args.command}: needs {error.name}, part of the simulator's extra: "
+            "pip install 'narwhal-router[sim]'",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ quietly() { "$@" >>"$LOG" 2>&1 || { tail -n 40 "$LOG"; echo "failed: $* (log: $L
 : >"$LOG"
 [ -x "$VENV/bin/python" ] || quietly "$PY" -m venv "$VENV"
 quietly "$VENV/bin/pip" install --upgrade pip
-quietly "$VENV/bin/pip" install 'setuptools>=68' wheel 'mypy>=1.10,<2'
+quietly "$VENV/bin/pip" install 'setuptools>=77' wheel 'mypy>=1.10,<2'
 quietly "$VENV/bin/pip" install '.[dev]'  # the dependencies (and a pure build, replaced next)
 rm -rf build  # setuptools reuses stale objects from build/ otherwise
 NARWHAL_COMPILE=1 quietly "$VENV/bin/pip" install --no-build-isolation --force-reinstall --no-deps .

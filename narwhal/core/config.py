@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -259,15 +259,42 @@ def key_path(loc: tuple[int | str, ...], prefix: str = "") -> str:
     return path or "(top level)"
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The one model an annotation holds (``X``, ``X | None``, ``list[X]``, ``tuple[X, ...]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    found = {m for arg in get_args(annotation) if (m := _model_in(arg)) is not None}
+    return found.pop() if len(found) == 1 else None
+
+
+def valid_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str] | None:
+    """The keys the table at ``loc`` takes, or None where the path leaves known models."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an array's element: the same model as the array's
+        field = current.model_fields.get(part) if current else None
+        current = _model_in(field.annotation) if field else None
+    return sorted(current.model_fields) if current else None
+
+
 def validation_problems(
-    error: ValidationError, *, prefix: str = "", unknown_key: str = UNKNOWN_KEY
+    error: ValidationError,
+    *,
+    prefix: str = "",
+    unknown_key: str = UNKNOWN_KEY,
+    model: type[BaseModel] | None = None,
 ) -> list[str]:
-    """One ``  key: reason`` line per problem, for every TOML-backed model of Narwhal."""
+    """One ``  key: reason`` line per problem, for every TOML-backed model of Narwhal; an
+    unknown key's line lists the keys its table takes when ``model`` (the validated one) says."""
     lines = []
     for item in error.errors():
         reason = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             reason = unknown_key
+            keys = valid_keys(model, item["loc"][:-1]) if model else None
+            if keys:
+                reason += f"; valid keys: {', '.join(keys)}"
         elif item["type"] == "missing":
             reason = "required key is missing"
         elif item["type"].endswith(("_type", "_parsing", "finite_number")):
@@ -277,7 +304,8 @@ def validation_problems(
 
 
 def _format(error: ValidationError, source: str) -> str:
-    return "\n".join([f"invalid configuration in {source}:", *validation_problems(error)])
+    problems = validation_problems(error, model=NarwhalConfig)
+    return "\n".join([f"invalid configuration in {source}:", *problems])
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> NarwhalConfig:

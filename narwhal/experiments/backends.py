@@ -12,7 +12,7 @@ Theory of operation:
   same on Linux, macOS and Windows and never forks a process holding threads.
 - Ray (``ray_address``): ``"local"`` starts a private local Ray; anything else is passed to
   ``ray.init(address=...)`` (``"auto"``, ``"ray://head:10001"``). Ray is an optional extra
-  (``pip install 'narwhal[ray]'``) imported only here and only then; the cluster's workers
+  (``pip install 'narwhal-router[ray]'``) imported only here and only then; the cluster's workers
   must be able to import ``narwhal`` (the same version). Each task asks for one CPU.
 
 Tasks are submitted longest first (highest rate multiplier) so a pool does not end on one
@@ -96,7 +96,7 @@ def _ray(tasks: list[RunTask], address: str, workers: int | None) -> Iterable[Ru
         import ray
     except ImportError:
         raise BackendError(
-            "--ray needs Ray, an optional extra: pip install 'narwhal[ray]'"
+            "--ray needs Ray, an optional extra: pip install 'narwhal-router[ray]'"
         ) from None
     started = False
     if not ray.is_initialized():

@@ -1,5 +1,5 @@
 """``narwhal sweep SPEC.toml [--out DIR] [--seed N] [--workers N] [--ray ADDRESS] [--quick]``
-(plus ``--check``, ``--redraw``, ``--no-progress``).
+(plus ``--check``, ``--redraw``, ``--resume``, ``--no-progress``).
 
 Rule kept here: the command reads a sweep spec, runs it and writes its files; a spec that is
 refused prints every bad key and exits 2 before anything runs. Heavy imports (the simulator,
@@ -45,12 +45,17 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="ADDRESS",
         help="run on Ray: 'local' starts one here, or 'auto' / 'ray://head:10001' "
-        "(needs the ray extra: pip install 'narwhal[ray]')",
+        "(needs the ray extra: pip install 'narwhal-router[ray]')",
     )
     parser.add_argument("--quick", action="store_true", help="the spec's [quick] version (tests)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument(
         "--check", action="store_true", help="validate the spec and print the plan; run nothing"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted sweep: keep the runs --out's journal holds, run the rest",
     )
     parser.add_argument(
         "--redraw",
@@ -61,8 +66,9 @@ def register(subparsers: Any) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from narwhal.experiments.journal import JOURNAL_NAME, load_journal
     from narwhal.experiments.spec import SpecError, load_spec
-    from narwhal.experiments.sweep import check_out, prepare, run_sweep, write_sweep
+    from narwhal.experiments.sweep import check_out, finish, prepare, run_sweep, write_sweep
 
     if args.workers is not None and args.workers < 0:
         print("narwhal sweep: --workers must be >= 0", file=sys.stderr)
@@ -111,11 +117,23 @@ def _sweep(args: argparse.Namespace) -> int:
             workers=args.workers,
             ray_address=args.ray,
             progress=not args.no_progress,
+            journal_dir=out,
+            resume=args.resume,
         )
-    except BackendError as error:
+    except (BackendError, ValueError) as error:
         print(f"narwhal sweep: {error}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(error, BackendError) else 2
+    except KeyboardInterrupt:
+        journal = out / JOURNAL_NAME
+        kept = len(load_journal(journal, plan.tasks))
+        print(
+            f"\nnarwhal sweep: interrupted; {kept} of {len(plan.tasks)} runs are kept in "
+            f"{journal}: add --resume to the same command to run the rest",
+            file=sys.stderr,
+        )
+        return 130
     written = write_sweep(result, out)
+    finish(out)
     wall = time.perf_counter() - started
     print(
         f"{len(result.plan.tasks)} runs, {result.requests:,} simulated requests in {wall:.1f} s "

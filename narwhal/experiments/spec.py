@@ -164,9 +164,9 @@ class SweepSpec(_Strict):
         )
 
 
-def _format(error: ValidationError, prefix: str = "") -> list[str]:
+def _format(error: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
     return validation_problems(
-        error, prefix=prefix, unknown_key="unknown key (see docs/experiments.md)"
+        error, prefix=prefix, unknown_key="unknown key (see docs/experiments.md)", model=model
     )
 
 
@@ -204,7 +204,7 @@ def _check_quick_goodput(
     try:
         checked = GoodputSettings.model_validate(merged)
     except ValidationError as error:
-        problems.extend(_format(error, "quick.goodput"))
+        problems.extend(_format(error, GoodputSettings, "quick.goodput"))
         return
     if checked.report_at is not None and checked.report_at not in checked.rate_multipliers:
         problems.append(
@@ -289,7 +289,7 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     try:
         spec = SweepSpec.model_validate({**shaped, "source": source})
     except ValidationError as error:
-        problems.extend(_format(error))
+        problems.extend(_format(error, SweepSpec))
     if spec is not None:
         _semantics(spec, problems)
     if problems or spec is None:

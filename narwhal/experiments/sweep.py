@@ -14,6 +14,10 @@ run rows and point rows. :func:`write_sweep` writes, into ``--out``:
 - ``points.csv``: one row per point: parameters, means over replicates, spreads, goodput;
 - ``sweep.json``: the spec as run (after ``--quick`` and ``--seed``), run and request counts;
 - ``<recipe>*.png`` with ``<recipe>*.csv``: the recipe's figures, each with what it draws.
+
+While it runs, ``runs.journal.jsonl`` holds every finished run (see
+:mod:`narwhal.experiments.journal`), so an interrupted sweep keeps them and ``--resume``
+continues it; :func:`finish` removes it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from narwhal.experiments.aggregate import csv_text, point_rows, run_rows
 from narwhal.experiments.backends import execute
+from narwhal.experiments.journal import JOURNAL_NAME, Journal, load_journal
 from narwhal.experiments.plan import Plan, build_plan
 from narwhal.experiments.recipes import RECIPES
 from narwhal.experiments.spec import SweepSpec
@@ -70,19 +75,48 @@ def run_sweep(
     workers: int | None = None,
     ray_address: str | None = None,
     progress: bool = False,
+    journal_dir: Path | None = None,
+    resume: bool = False,
 ) -> SweepResult:
-    """Plan and run a sweep; nothing is written."""
+    """Plan and run a sweep; only the journal is written (when ``journal_dir`` is given: every
+    finished run as it ends, see :mod:`narwhal.experiments.journal`). ``resume`` takes the runs
+    the journal already holds instead of running them again."""
     plan = prepare(spec, seed=seed, quick=quick)
-    outcomes = execute(
-        plan.tasks,
-        workers=workers,
-        ray_address=ray_address,
-        progress=progress,
-        desc=plan.spec.sweep.name,
-    )
+    done: dict[int, RunOutcome] = {}
+    journal: Journal | None = None
+    if journal_dir is not None:
+        path = journal_dir / JOURNAL_NAME
+        if resume:
+            done = load_journal(path, plan.tasks)
+        elif path.exists():
+            raise ValueError(
+                f"{path} holds the runs of an interrupted sweep: --resume continues it "
+                "(remove the file to start over)"
+            )
+        journal = Journal(path, plan.tasks, keep=resume)
+    todo = [task for task in plan.tasks if task.index not in done]
+    try:
+        fresh = execute(
+            todo,
+            workers=workers,
+            ray_address=ray_address,
+            progress=progress,
+            desc=plan.spec.sweep.name,
+            on_outcome=journal.record if journal is not None else None,
+        )
+    finally:
+        if journal is not None:
+            journal.close()
+    by_task = {**done, **{outcome.task: outcome for outcome in fresh}}
+    outcomes = [by_task[task.index] for task in plan.tasks]
     run_fields, runs = run_rows(plan, outcomes)
     point_fields, points = point_rows(plan, runs)
     return SweepResult(plan.spec, plan, outcomes, run_fields, runs, point_fields, points, quick)
+
+
+def finish(out: Path) -> None:
+    """A sweep's files are written: its journal has served."""
+    (out / JOURNAL_NAME).unlink(missing_ok=True)
 
 
 def _cell(text: str) -> Any:

@@ -21,6 +21,8 @@ import contextlib
 import hmac
 import json
 import logging
+import re
+import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from functools import partial
 from typing import Any
@@ -51,6 +53,9 @@ from narwhal.live.transport import HttpxTransport
 MAX_BODY_BYTES = 4 * 1024 * 1024
 FLEET_QUERY_TIMEOUT_S = 2.0
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+# A client's X-Request-Id is kept when it is a short token of these characters (what request
+# ids in the wild use: UUIDs, hex, `req_...`, dotted trace ids); anything else gets a fresh id.
+CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+=/-]{1,128}")
 DECISIONS_KEPT = 10_000  # the decision log a router holds in memory (it runs for weeks)
 
 log = logging.getLogger("narwhal.live")
@@ -92,7 +97,6 @@ class Router:
         self._announce = announce
         self._stopping = False
         self._ports: Ports | None = None
-        self._next_request = 0
         inference = {COMPLETIONS: _Inference(self, COMPLETIONS), CHAT: _Inference(self, CHAT)}
         self.starlette = Starlette(
             routes=[
@@ -100,6 +104,7 @@ class Router:
                 Route(CHAT, inference[CHAT], methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
+                Route("/livez", self._livez, methods=["GET"]),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/status", self._status, methods=["GET"]),
             ],
@@ -209,9 +214,15 @@ class Router:
         }
         request_log.info(json.dumps(line))
 
-    def new_request_id(self) -> str:
-        self._next_request += 1
-        return f"req-{self._next_request:08d}"
+    @staticmethod
+    def request_id_for(headers: Headers) -> str:
+        """The client's ``X-Request-Id`` when it is a sane token, else a fresh random id: unique
+        across restarts and replicas (a counter would repeat), so client, router and engine
+        logs join on it. The engine legs' ids are derived from it (``<id>-p1-...``)."""
+        given = headers.get("x-request-id")
+        if given is not None and CLIENT_REQUEST_ID.fullmatch(given):
+            return given
+        return f"req-{uuid.uuid4().hex}"
 
     # ------------------------------------------------------------------ plain endpoints
 
@@ -250,6 +261,12 @@ class Router:
                 wire.error_object(503, "no engine answered /v1/models", "no_engine_available"), 503
             )
         return JSONResponse({"object": "list", "data": list(merged.values())})
+
+    async def _livez(self, request: Request) -> Response:
+        """Liveness: the process serves. Apart from readiness (``/health``) so that an outage
+        of the engines, which ``/health`` reports, never gets the router restarted and its
+        breaker state thrown away."""
+        return JSONResponse({"status": "alive"})
 
     async def _health(self, request: Request) -> Response:
         now = self.clock.now()
@@ -319,7 +336,7 @@ class _Inference:
         router = self.router
         arrival = router.clock.now()
         headers = Headers(scope=scope)
-        request_id = router.new_request_id()
+        request_id = router.request_id_for(headers)
         sink = AsgiSink(send, {"x-request-id": request_id})
         if not router.authorized(headers):
             await router.unauthorized()(scope, receive, send)

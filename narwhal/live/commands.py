@@ -81,10 +81,14 @@ def serve_command(args: argparse.Namespace) -> int:
     print(
         f"narwhal: listening on http://{args.host}:{port_of(sock)} "
         f"(api key {'required' if api_key else 'off'}); fleet:",
+        file=sys.stderr,
         flush=True,
     )
-    router = Router(
-        config, seed=args.seed, api_key=api_key, announce=lambda line: print(line, flush=True)
+    router = Router(  # stdout carries only the JSON request log; people read stderr
+        config,
+        seed=args.seed,
+        api_key=api_key,
+        announce=lambda line: print(line, file=sys.stderr, flush=True),
     )
     server = make_router_server(router.app, log_level=args.log_level, graceful_s=args.graceful_s)
     serve_blocking(server, [sock])

@@ -15,18 +15,35 @@ converting monotonic times to the epoch.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 
+from narwhal import __version__
 from narwhal.core.breaker import EngineState
 from narwhal.core.policies import Policies
 from narwhal.core.records import Decision, RequestRecord
 from narwhal.live.clock import AnyioClock, to_wall
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Time per output token: vLLM's buckets for its own histogram of the same name.
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+
+# A counter's ``_created`` series doubles every series for a timestamp Prometheus does not use
+# (and `promtool check metrics` flags); prometheus_client's switch for it is process-wide.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class _FleetCollector:
@@ -86,18 +103,41 @@ class RouterMetrics:
             ["outcome", "status"],
             registry=r,
         )
-        self.ttft = Histogram(
-            "narwhal_ttft_s",
-            "arrival to producer HTTP leg completed (s)",
+        # The contract's two times, named for what they measure (docs/live.md): the client's
+        # time to first token is first_byte_s; ttft_s ends when the prefill leg does.
+        self.time_to_first_token = Histogram(
+            "narwhal_time_to_first_token_seconds",
+            "arrival to the first generated output sent on (the client's time to first token; "
+            "the contract's first_byte_s)",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.first_byte = Histogram(
-            "narwhal_first_byte_s",
-            "arrival to first generated decode output (s)",
+        self.time_to_prefill = Histogram(
+            "narwhal_time_to_prefill_seconds",
+            "arrival to the producer's prefill leg completed (the contract's ttft_s)",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.e2e_latency = Histogram(
+            "narwhal_e2e_request_latency_seconds",
+            "arrival to the end of the response, every request",
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.time_per_output_token = Histogram(
+            "narwhal_time_per_output_token_seconds",
+            "mean time between generated outputs after the first, per successful request",
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.generation_tokens = Counter(
+            "narwhal_generation_tokens", "generated outputs sent to clients", registry=r
+        )
+        self.build_info = Gauge(
+            "narwhal_build_info", "1, labelled with the build", ["version", "python"], registry=r
+        )
+        self.build_info.labels(__version__, platform.python_version()).set(1)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes...
         self.attempts = Counter("narwhal_attempts", "prefill/decode attempts started", registry=r)
         self.placements = Counter(
             "narwhal_placements", "phase placements", ["engine", "phase"], registry=r
@@ -143,10 +183,15 @@ class RouterMetrics:
     def on_record(self, record: RequestRecord) -> None:
         self.requests.labels(record.outcome, str(record.status)).inc()
         self.attempts.inc(record.attempts)
+        self.e2e_latency.observe(record.finished_s)
+        self.generation_tokens.inc(record.output_tokens)
         if record.ttft_s is not None:
-            self.ttft.observe(record.ttft_s)
+            self.time_to_prefill.observe(record.ttft_s)
         if record.first_byte_s is not None:
-            self.first_byte.observe(record.first_byte_s)
+            self.time_to_first_token.observe(record.first_byte_s)
+            if record.status == 200 and record.output_tokens > 1:
+                decode_s = record.finished_s - record.first_byte_s
+                self.time_per_output_token.observe(decode_s / (record.output_tokens - 1))
 
     def on_decision(self, decision: Decision) -> None:
         detail = dict(decision.detail)

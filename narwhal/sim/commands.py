@@ -28,6 +28,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", default="narwhal-out", help="output folder (./narwhal-out)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (by default one appears on stderr once a run takes over 2 s)",
+    )
+    parser.add_argument(
         "--print-default", action="store_true", help="print the embedded default scenario and exit"
     )
     parser.set_defaults(func=_simulate)
@@ -44,14 +49,25 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ScenarioError, ValueError) as error:
         print(f"narwhal simulate: {error}", file=sys.stderr)
         return 2
+    from tqdm import tqdm
+
     from narwhal.sim.results import record_rows, summarize, table, write
     from narwhal.sim.runner import run
 
-    try:
-        result = run(scenario, args.seed)
-    except ValueError as error:
-        print(f"narwhal simulate: {error}", file=sys.stderr)
-        return 2
+    # delay: a run of a few seconds (the default scenario) prints nothing but its summary
+    with tqdm(
+        desc="simulate", unit="req", file=sys.stderr, delay=2.0, disable=args.no_progress
+    ) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        try:
+            result = run(scenario, args.seed, progress=progress)
+        except ValueError as error:
+            print(f"narwhal simulate: {error}", file=sys.stderr)
+            return 2
     out = Path(args.out)
     summary = write(result, out)
     if not args.no_plot:

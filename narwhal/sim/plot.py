@@ -6,7 +6,8 @@ metadata, so the same run gives the same PNG bytes and no display is needed.
 Theory of operation: three panels sharing the time axis. (1) Time to first token at the client
 per request (log scale), successes in blue and failures in red, with the TTFT SLO as a line.
 (2) One row per engine: the router's view from the state samples (ejected, probing,
-quarantined) as coloured bars over the engine's own fault windows (grey hatch). (3) Running
+quarantined, capped) as coloured bars over the engine's own fault windows (grey hatch, each
+labelled with its fault kind). (3) Running
 decode sequences per engine (the batch the engine carries). The title names the scenario, the
 seed, the success rate and SLO attainment, and the trace's source when one is used.
 """
@@ -22,9 +23,22 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from narwhal.sim.faults import FaultWindow
 from narwhal.sim.runner import RunResult
 
-ROUTER_COLOURS = {"ejected": "#d62728", "probing": "#ff7f0e", "quarantined": "#bcbd22"}
+ROUTER_COLOURS = {
+    "ejected": "#d62728",
+    "probing": "#ff7f0e",
+    "quarantined": "#bcbd22",
+    "capped": "#9467bd",
+}
+# Legends sit above their panel, outside it, so they never cover a request or a fault band.
+LEGEND_ABOVE: dict[str, Any] = {
+    "loc": "lower right",
+    "bbox_to_anchor": (1.0, 1.0),
+    "borderaxespad": 0.2,
+    "frameon": False,
+}
 
 
 def _spans(points: list[tuple[float, str]], step: float) -> list[tuple[str, float, float]]:
@@ -37,6 +51,19 @@ def _spans(points: list[tuple[float, str]], step: float) -> list[tuple[str, floa
         else:
             spans.append((state, t, step))
     return spans
+
+
+def _labels(windows: list[FaultWindow], gap_s: float) -> list[tuple[float, str]]:
+    """One label per cluster of fault windows starting within ``gap_s`` of each other (their
+    kinds joined), so labels on one row never overprint."""
+    labels: list[tuple[float, list[str]]] = []
+    for window in windows:
+        if labels and window.start - labels[-1][0] < gap_s:
+            if window.kind not in labels[-1][1]:
+                labels[-1][1].append(window.kind)
+        else:
+            labels.append((window.start, [window.kind]))
+    return [(start, ", ".join(kinds)) for start, kinds in labels]
 
 
 def plot(
@@ -67,19 +94,24 @@ def plot(
     ax1.axhline(sim.slo_ttft_s, color="k", lw=0.8, ls="--", label="TTFT SLO")
     ax1.set_yscale("log")
     ax1.set_ylabel("TTFT at client (s)")
-    ax1.legend(loc="upper right", fontsize=7, markerscale=3)
+    ax1.legend(fontsize=7, markerscale=3, ncol=3, **LEGEND_ABOVE)
 
+    span_s = max(result.sim_end_s, 1.0)
     for row, url in enumerate(urls):
-        for window in result.fault_windows:
-            if window.url == url:
-                ax2.broken_barh(
-                    [(window.start, window.end - window.start)],
-                    (row - 0.4, 0.8),
-                    facecolors="#dddddd",
-                    edgecolor="#888888",
-                    hatch="//",
-                    lw=0.3,
-                )
+        windows = sorted((w for w in result.fault_windows if w.url == url), key=lambda w: w.start)
+        for window in windows:
+            ax2.broken_barh(
+                [(window.start, window.end - window.start)],
+                (row - 0.4, 0.8),
+                facecolors="#dddddd",
+                edgecolor="#888888",
+                hatch="//",
+                lw=0.3,
+            )
+        for start, kinds in _labels(windows, span_s * 0.04):
+            ax2.text(  # the faults' kinds, at the band's start, above the router's bars
+                start, row + 0.28, f" {kinds}", fontsize=5.5, va="center", clip_on=True
+            )
         states = [(s["t"], s["router_state"]) for s in result.samples if s["engine"] == url]
         for state, start, width in _spans(states, sim.sample_interval_s):
             if state in ROUTER_COLOURS:
@@ -91,7 +123,7 @@ def plot(
     ax2.set_ylabel("router view")
     handles = [Rectangle((0, 0), 1, 1, color=c) for c in ROUTER_COLOURS.values()]
     handles.append(Rectangle((0, 0), 1, 1, facecolor="#dddddd", hatch="//"))
-    ax2.legend(handles, [*ROUTER_COLOURS, "engine fault"], loc="upper right", fontsize=7, ncol=4)
+    ax2.legend(handles, [*ROUTER_COLOURS, "engine fault"], fontsize=7, ncol=5, **LEGEND_ABOVE)
 
     for url in urls:
         pts = [(s["t"], s["decoding"]) for s in result.samples if s["engine"] == url]
@@ -103,7 +135,7 @@ def plot(
     ax3.set_ylabel("decoding seqs")
     ax3.set_xlabel("simulated time (s)")
     if ax3.get_legend_handles_labels()[0]:
-        ax3.legend(loc="upper right", fontsize=6, ncol=4)
+        ax3.legend(fontsize=6, ncol=8, **LEGEND_ABOVE)
 
     title = (
         f"narwhal simulate: {summary['scenario']} (seed {summary['seed']}) - "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,9 +62,15 @@ class RunResult:
 
 
 def run(
-    scenario: Scenario, seed: int | None = None, *, log: DecisionLog | None = None
+    scenario: Scenario,
+    seed: int | None = None,
+    *,
+    log: DecisionLog | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> RunResult:
-    """Simulate ``scenario`` (with ``seed`` overriding ``[sim].seed``)."""
+    """Simulate ``scenario`` (with ``seed`` overriding ``[sim].seed``). ``progress``, if given,
+    is called with (requests finished, requests in the run) as each request ends; it only
+    watches, so the run is the same with or without it."""
     wall_start = time.perf_counter()
     scenario = scenario.with_seed(seed)
     sim, fleet, config = scenario.sim, scenario.fleet, scenario.router
@@ -108,6 +115,8 @@ def run(
 
     def on_record(record: RequestRecord) -> None:
         records.append(record)
+        if progress is not None:
+            progress(len(records), total)
         if len(records) == total and not all_done.triggered:
             all_done.succeed()
 

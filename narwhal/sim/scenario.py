@@ -174,11 +174,14 @@ class Scenario(_Strict):
         return self.model_copy(update={"sim": self.sim.model_copy(update={"seed": seed})})
 
 
-def _format(error: ValidationError, source: str, prefix: str = "") -> list[str]:
+def _format(
+    error: ValidationError, source: str, prefix: str, model: type[BaseModel]
+) -> list[str]:
     return validation_problems(
         error,
         prefix=prefix,
         unknown_key="unknown key (check the spelling against docs/simulator.md)",
+        model=model,
     )
 
 
@@ -194,7 +197,10 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
     problems: list[str] = []
     known = {*ROUTER_KEYS, "name", "description", "fleet", "workload", "faults", "sim"}
     for key in sorted(set(data) - known):
-        problems.append(f"  {key}: unknown key (check the spelling against docs/simulator.md)")
+        problems.append(
+            f"  {key}: unknown key (check the spelling against docs/simulator.md); "
+            f"valid keys: {', '.join(sorted(known))}"
+        )
     parts: dict[str, Any] = {}
     models: dict[str, type[BaseModel]] = {
         "fleet": FleetSettings,
@@ -205,7 +211,7 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
         try:
             parts[key] = model.model_validate(data.get(key, {}))
         except ValidationError as error:
-            problems.extend(_format(error, source, key))
+            problems.extend(_format(error, source, key, model))
     faults: list[FaultSpec] = []
     raw_faults = data.get("faults", [])
     if not isinstance(raw_faults, list):
@@ -215,7 +221,7 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
         try:
             faults.append(FaultSpec.model_validate(raw))
         except ValidationError as error:
-            problems.extend(_format(error, source, f"faults[{i}]"))
+            problems.extend(_format(error, source, f"faults[{i}]", FaultSpec))
     router_data = {k: data[k] for k in ROUTER_KEYS if k in data}
     if "engines" not in router_data and "fleet" in parts:
         router_data["engines"] = _fleet_engines(parts["fleet"])

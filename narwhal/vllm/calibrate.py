@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 
@@ -48,12 +48,15 @@ def calibrate_engine(
     handoff_tokens: int = DEFAULT_HANDOFF_TOKENS,
     seed: int = 0,
     statistic: str = "median",
+    report: Callable[[str], None] | None = None,
 ) -> EngineCalibration:
     """Measure ``engine`` (prefill) and ``decode_engine`` (decode steps; default: ``engine``)
     and fit the linear timing. ``tokens`` is each batch stream's length, ``handoff_tokens``
     each handoff's decode leg's. ``statistic`` (``median`` or ``min``) reduces each point's
     repeats: the median is the typical time, what a workload's p50 sees on a machine shared
-    with other work; the minimum is the least disturbed one."""
+    with other work; the minimum is the least disturbed one. ``report``, if given, gets a line
+    as each measurement starts (a calibration takes minutes on a CPU engine)."""
+    say = report or (lambda line: None)
     rng = random.Random(seed)
     decoder = decode_engine or engine
     pair = decoder != engine
@@ -65,8 +68,12 @@ def calibrate_engine(
             time_handoff(http, engine, decoder, unique_prompt(32, rng), name, 8)  # warm-up
         else:
             time_prefill(http, engine, name, unique_prompt(32, rng))
+        measured, planned = 0, repeats * len(lengths)
         for _ in range(repeats):
             for length in lengths:
+                measured += 1
+                say(f"calibrate: {'handoff' if pair else 'prefill'} {measured}/{planned} "
+                    f"({length}-token prompt)")
                 prompt = unique_prompt(length, rng)
                 if pair:
                     sample = time_handoff(http, engine, decoder, prompt, name, handoff_tokens)
@@ -74,9 +81,10 @@ def calibrate_engine(
                     prefill.append(PrefillSample(sample.prompt_tokens, sample.prefill_s))
                 else:
                     prefill.append(time_prefill(http, engine, name, prompt))
-    steps = [
-        asyncio.run(time_batch(decoder, name, batch, tokens, rng))
-        for _ in range(repeats)
-        for batch in batches
-    ]
+    steps = []
+    for repeat in range(repeats):
+        for index, batch in enumerate(batches):
+            number = repeat * len(batches) + index + 1
+            say(f"calibrate: decode {number}/{repeats * len(batches)} (batch of {batch})")
+            steps.append(asyncio.run(time_batch(decoder, name, batch, tokens, rng)))
     return fit_engine(engine, decoder, name, prefill, steps, handoffs, statistic)

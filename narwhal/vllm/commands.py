@@ -157,6 +157,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
             handoff_tokens=args.handoff_tokens,
             seed=args.seed,
             statistic=args.statistic,
+            report=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except (httpx.HTTPError, RuntimeError, KeyError, IndexError, ValueError) as error:
         print(f"calibrate: {type(error).__name__}: {error}", file=sys.stderr)

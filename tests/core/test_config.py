@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import tomllib
+from typing import Any
 
 import pytest
 
-from narwhal.core.config import ConfigError, Role, parse_config
+from narwhal.core.config import (
+    ConfigError,
+    EngineContract,
+    EngineEntry,
+    NarwhalConfig,
+    Role,
+    parse_config,
+    valid_keys,
+)
 
 FULL = """
 [engine]
@@ -225,3 +234,41 @@ def test_bad_routing_names_key_and_reason(routing: dict, key: str, reason: str) 
     lines = str(error.value).splitlines()
     line = next(line for line in lines if line.strip().startswith(key + ":"))
     assert reason in line, line
+
+
+@pytest.mark.parametrize(
+    ("data", "line"),
+    [
+        (
+            {"recovery": {"eject_afte": 2}, "engines": [{"url": "http://a", "role": "both"}]},
+            "recovery.eject_afte: unknown key (check the spelling against the configuration "
+            "reference); valid keys: eject_after, failure_quarantine_s, max_attempts, "
+            "max_ejection_percent, probe_interval_s, retry_budget_min, retry_budget_ratio",
+        ),
+        (  # an array of tables: the element's keys
+            {"engines": [{"url": "http://a", "role": "both", "colour": "red"}]},
+            "engines[0].colour: unknown key (check the spelling against the configuration "
+            "reference); valid keys: kv_endpoint, role, url",
+        ),
+        (  # two tables deep
+            {
+                "routing": {"prefix_affinity": {"blocksize": 4}},
+                "engines": [{"url": "http://a", "role": "both"}],
+            },
+            "routing.prefix_affinity.blocksize: unknown key (check the spelling against the "
+            "configuration reference); valid keys: block_size, imbalance_threshold, "
+            "max_blocks_per_engine",
+        ),
+    ],
+)
+def test_an_unknown_key_lists_the_valid_ones(data: dict[str, Any], line: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    assert f"  {line}" in str(caught.value).splitlines()
+
+
+def test_the_valid_keys_are_the_models_fields_at_every_level() -> None:
+    assert valid_keys(NarwhalConfig, ()) == sorted(NarwhalConfig.model_fields)
+    assert valid_keys(NarwhalConfig, ("engines", 3)) == sorted(EngineEntry.model_fields)
+    assert valid_keys(NarwhalConfig, ("engine_contract",)) == sorted(EngineContract.model_fields)
+    assert valid_keys(NarwhalConfig, ("recovery", "eject_after")) is None  # not a table

@@ -63,8 +63,10 @@ def test_quick_recipe_writes_csv_and_png(name: str, tmp_path: Path) -> None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         rows = _read(out / f"{stem}.csv")
         assert rows and FIGURE_COLUMNS[stem] <= set(rows[0])
-    if name == "tuning":
-        assert sum(r["recommended"] == "True" for r in _read(out / "tuning.csv")) == 1
+    if name == "tuning":  # one cell recommended, none where every cell measured the same
+        cells = _read(out / "tuning.csv")
+        alike = len({(c["success_pct"], c["first_byte_p99_s"], c["goodput_rps"]) for c in cells})
+        assert sum(c["recommended"] == "True" for c in cells) == (0 if alike == 1 else 1)
     if name == "diffuse":  # one setting recommended, one the default: a row per case each
         rows = _read(out / "diffuse.csv")
         assert sum(r["recommended"] == "True" for r in rows) == len(spec.cases)
@@ -118,7 +120,7 @@ def test_ray_missing_is_a_clear_error(
     code = main(["sweep", str(tiny_spec), "--ray", "local", "--no-progress",
                  "--out", str(tiny_spec.parent / "out")])  # fmt: skip
     assert code == 1
-    assert "pip install 'narwhal[ray]'" in capsys.readouterr().err
+    assert "pip install 'narwhal-router[ray]'" in capsys.readouterr().err
 
 
 def test_redraw_rebuilds_the_same_files_from_runs_csv(tmp_path: Path) -> None:

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -106,8 +109,8 @@ def test_status_health_models_metrics(
     handle.client().completions.create(model="tiny-llama", prompt="hello", max_tokens=2)
     metrics = handle.metrics()
     assert metric_value(metrics, "narwhal_requests_total", outcome="ok", status="200") == 1
-    assert metric_value(metrics, "narwhal_ttft_s_count") == 1
-    assert metric_value(metrics, "narwhal_first_byte_s_count") == 1
+    assert metric_value(metrics, "narwhal_time_to_prefill_seconds_count") == 1
+    assert metric_value(metrics, "narwhal_time_to_first_token_seconds_count") == 1
     assert metric_value(metrics, "narwhal_engine_state", engine=pair[1]["url"], state="ready") == 1
     assert metric_value(metrics, "narwhal_placements_total", phase="decode") == 1
     assert "narwhal_reservations_in_flight" in metrics
@@ -194,3 +197,49 @@ def test_the_prefill_leg_drops_what_a_one_token_non_streamed_request_cannot_carr
     assert reply.status_code == 200, reply.text
     direct = HTTP.post(pair[0]["url"] + "/v1/completions", json={**body, "stream": False})
     assert direct.status_code == 400  # what the producer says if they were forwarded
+
+
+def test_livez_stays_up_while_health_reports_an_outage(
+    router: Callable[..., RouterHandle], emulator: Callable[..., Emulator]
+) -> None:
+    """Readiness follows the engines, liveness only the process: an orchestrator probing
+    ``/livez`` does not restart the router (and lose its breaker state) during an outage."""
+    closed = bind("127.0.0.1", 0)
+    dead_url = f"http://127.0.0.1:{port_of(closed)}"
+    closed.close()  # nothing listens there: every health check is refused
+    consumer = emulator("decode")
+    handle = router(
+        [{"url": dead_url, "role": "prefill"}, {"url": consumer.url, "role": "decode"}],
+        recovery={"eject_after": 1},
+    )
+    assert HTTP.get(handle.url + "/livez").json() == {"status": "alive"}
+    deadline = time.monotonic() + 10
+    while HTTP.get(handle.url + "/health").status_code != 503:
+        assert time.monotonic() < deadline, "the refused producer was never ejected"
+        time.sleep(0.02)
+    reply = HTTP.get(handle.url + "/livez")
+    assert (reply.status_code, reply.json()) == (200, {"status": "alive"})
+
+
+def test_a_clients_request_id_is_used_echoed_and_logged(
+    router: Callable[..., RouterHandle],
+    pair: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="narwhal.requests")
+    handle = router(pair)
+    url = handle.url + "/v1/completions"
+    body = {"prompt": "hi", "max_tokens": 2}
+    reply = HTTP.post(url, json=body, headers={"x-request-id": "trace-7f3a.1"})
+    assert reply.status_code == 200 and reply.headers["x-request-id"] == "trace-7f3a.1"
+    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "narwhal.requests"]
+    assert [line["request_id"] for line in logged] == ["trace-7f3a.1"]
+    placed = [d.as_dict() for d in handle.router.policies.log.entries if d.kind == "place"]
+    assert {d["request"] for d in placed} == {"trace-7f3a.1"}  # both legs, under the client's id
+    fresh = set()
+    for header in ({}, {"x-request-id": "has space"}, {"x-request-id": "x" * 129}):
+        reply = HTTP.post(url, json=body, headers=header)
+        assert reply.status_code == 200
+        assert re.fullmatch(r"req-[0-9a-f]{32}", reply.headers["x-request-id"])
+        fresh.add(reply.headers["x-request-id"])
+    assert len(fresh) == 3  # random, not a counter that restarts with the process

@@ -129,8 +129,8 @@ def test_retry_before_commit_is_counted_and_logged(
     metrics = handle.metrics()
     assert metric_value(metrics, "narwhal_retries_total", fault="first_token_timeout") == 1
     assert metric_value(metrics, "narwhal_requests_total", outcome="ok", status="200") == 1
-    assert metric_value(metrics, "narwhal_ttft_s_count") == 1
-    assert metric_value(metrics, "narwhal_first_byte_s_count") == 1
+    assert metric_value(metrics, "narwhal_time_to_prefill_seconds_count") == 1
+    assert metric_value(metrics, "narwhal_time_to_first_token_seconds_count") == 1
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "narwhal.requests"]
     assert len(lines) == 1
     line = lines[0]

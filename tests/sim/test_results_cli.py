@@ -84,6 +84,8 @@ def test_cli_names_the_bad_key(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["simulate", str(bad), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "fleet.prefil: unknown key" in err
+    fleet_line = next(line for line in err.splitlines() if "fleet.prefil" in line)
+    assert "valid keys: " in fleet_line and " prefill," in fleet_line  # the keys [fleet] takes
     assert "recovery.eject_after" in err
     assert "faults[0].kind" in err
 

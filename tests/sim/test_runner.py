@@ -41,3 +41,12 @@ def test_requests_start_at_their_arrivals_in_order_one_timer_per_arrival_time() 
     reached = 0.127 + (2.834 - 0.127)  # 2.8339999999999996: where one timer from 0.127 lands
     # (so req-4, due at 2.834, is still 4e-16 s ahead then and gets a timer of its own)
     assert started == list(enumerate([0.0, 0.0, 0.127, reached, 2.834, 3.5]))
+
+
+def test_progress_watches_every_request_end_and_changes_nothing() -> None:
+    seen: list[tuple[int, int]] = []
+    watched = run(scenario(workload={"duration_s": 1.0}), progress=lambda *p: seen.append(p))
+    plain = run(scenario(workload={"duration_s": 1.0}))
+    total = len(plain.records)
+    assert total > 0 and seen == [(n, total) for n in range(1, total + 1)]
+    assert watched.records == plain.records and watched.decisions == plain.decisions

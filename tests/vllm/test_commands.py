@@ -41,9 +41,13 @@ def test_calibrate_measures_an_emulated_pair_and_writes_a_simulator_fleet(
          "--lengths", "16,64", "--batches", "1,2", "--repeats", "2", "--tokens", "8",
          "--handoff-tokens", "5", "--out", str(out), "--json", str(data_path)]
     )  # fmt: skip
-    report = capsys.readouterr().out
+    captured = capsys.readouterr()
+    report = captured.out
     assert code == 0
     assert "decode right after a KV pull (median over handoffs): " in report
+    progress = [line for line in captured.err.splitlines() if line.startswith("calibrate: ")]
+    assert progress[0] == "calibrate: handoff 1/4 (16-token prompt)"  # one line per measurement
+    assert progress[-1] == "calibrate: decode 4/4 (batch of 2)" and len(progress) == 8
     assert "fit error (mean |relative|): " in report
     data = json.loads(data_path.read_text())
     assert len(data["handoffs"]) == 4 and len(data["steps"]) == 4

@@ -10,7 +10,9 @@ rate*".
 Theory of operation: the spec's grid has the ``size`` and ``ratio`` axes (by default the
 derived keys ``fleet.size`` and ``fleet.pd_ratio``) and a ``[goodput]`` rate axis. The left
 panel draws each ratio's goodput against fleet size (error bars: spread over replicates,
-labels: goodput per engine). The right panel shows where those numbers come from: attainment
+labels: goodput per engine, pushed apart so they never overprint; a point whose goodput lies
+below the lowest rate tried is an open downward triangle at that rate, its upper bound). The
+right panel shows where those numbers come from: attainment
 against offered load per engine for every ratio at the largest fleet, with the 90% bar.
 ``capacity.csv`` has one row per (size, ratio, rate) with the mean attainment and the point's
 goodput.
@@ -18,6 +20,7 @@ goodput.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +41,38 @@ MARKERS = "osD^vP*X"
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def _step(sizes: list[Any]) -> float:
+    return (sizes[-1] - sizes[0]) / max(len(sizes) - 1, 1) or 1.0
+
+
+def _place_labels(
+    axes: Any, labels: list[tuple[float, float, str, int]], gap_pt: float = 9.0
+) -> None:
+    """Each point's label to its right, the labels at one fleet size pushed apart vertically
+    (at least ``gap_pt`` points) so they never overprint, each as near its point as it can be."""
+    axes.figure.canvas.draw()  # the limits are final: data -> points is now known
+    to_pt = 72.0 / axes.figure.dpi
+    by_x: dict[float, list[tuple[float, float, str, int]]] = defaultdict(list)
+    for label in labels:
+        by_x[label[0]].append(label)
+    for column in by_x.values():
+        column.sort(key=lambda label: label[1])
+        last = -math.inf
+        for x, y, text, r in column:
+            at = axes.transData.transform((x, y))[1] * to_pt
+            placed = max(at, last + gap_pt)
+            last = placed
+            axes.annotate(
+                text,
+                (x, y),
+                fontsize=6.5,
+                xytext=(7, placed - at - 2),
+                textcoords="offset points",
+                color=f"C{r}",
+                bbox={"boxstyle": "square,pad=0.05", "fc": "white", "ec": "none", "alpha": 0.85},
+            )
 
 
 def draw(result: SweepResult, options: CapacityOptions, out: Path) -> list[Path]:
@@ -73,42 +108,38 @@ def draw(result: SweepResult, options: CapacityOptions, out: Path) -> list[Path]
             )
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.3))
+    labels: list[tuple[float, float, str, int]] = []  # (x, y, text, ratio index)
     for r, ratio in enumerate(ratios):
         mine = [p for p in result.points if p[options.ratio] == ratio]
         mine.sort(key=lambda p: sizes.index(p[options.size]))
         xs = [p[options.size] for p in mine]
         ys = [p["goodput_rps"] or 0.0 for p in mine]
+        below = [p["goodput_bound"] == "below" for p in mine]
         spread = [p["goodput_rps_sd"] or 0.0 for p in mine]
         errors = [[min(s, y) for s, y in zip(spread, ys, strict=True)], spread]  # not below 0
+        marker = MARKERS[r % len(MARKERS)]
+        known = [math.nan if b else y for y, b in zip(ys, below, strict=True)]
         left.errorbar(
-            xs,
-            ys,
-            yerr=errors,
-            marker=MARKERS[r % len(MARKERS)],
-            capsize=3,
-            lw=1.6,
-            label=f"P:D = {ratio}",
+            xs, known, yerr=errors, marker=marker, capsize=3, lw=1.6, label=f"P:D = {ratio}"
         )
-        for p, x, y in zip(mine, xs, ys, strict=True):
+        for p, x, y, is_below in zip(mine, xs, ys, below, strict=True):
             per = p["goodput_per_engine"] or 0.0
             text = f"{per:.1f}/eng"
             if p["goodput_bound"] == "above":
                 text = f">={per:.1f}/eng"
-            elif p["goodput_bound"] == "below":
-                lowest = min(
-                    row["offered_rps_per_engine"]
-                    for row in rows
-                    if row["fleet_size"] == x and row["pd_ratio"] == ratio
-                )
-                text = f"<{lowest:.1f}/eng"
-            left.annotate(
-                f"{text} ({p['prefill']}P+{p['decode']}D)",
-                (x, y),
-                fontsize=6.5,
-                xytext=(7, 10 * (r - (len(ratios) - 1) / 2) - 3),
-                textcoords="offset points",
-                color=f"C{r}",
-            )
+            elif is_below:
+                # goodput is somewhere under the lowest rate tried: drawn at that rate (an
+                # upper bound, open downward triangle), never at 0, and not joined to the line
+                tried = [
+                    row for row in rows if row["fleet_size"] == x and row["pd_ratio"] == ratio
+                ]
+                lowest = min(tried, key=lambda row: row["offered_rps"])
+                y = lowest["offered_rps"]
+                left.plot([x], [y], marker="v", ms=8, mfc="none", color=f"C{r}", ls="none")
+                text = f"<{lowest['offered_rps_per_engine']:.1f}/eng"
+            labels.append((x, y, f"{text} ({p['prefill']}P+{p['decode']}D)", r))
+    left.set_xlim(sizes[0] - 0.6 * _step(sizes), sizes[-1] + 1.4 * _step(sizes))  # label room
+    left.set_ylim(bottom=0)
     left.set_xlabel(f"fleet size ({short(options.size)}: engines; labels: goodput per engine)")
     left.set_ylabel("goodput (req/s with >= 90% of requests on time)")
     left.set_xticks(sizes)
@@ -146,4 +177,5 @@ def draw(result: SweepResult, options: CapacityOptions, out: Path) -> list[Path]
         fontsize=11,
     )
     add_footer(fig, result, width=185)
+    _place_labels(left, labels)  # after the layout is final
     return save_figure(fig, out, "capacity", list(rows[0]) if rows else ["fleet_size"], rows)

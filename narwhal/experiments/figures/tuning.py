@@ -34,8 +34,14 @@ if TYPE_CHECKING:
     from narwhal.experiments.sweep import SweepResult
 
 
-def recommend(cells: list[dict[str, Any]], goodput_pct: float, success_pp: float) -> int:
-    """Index of the recommended cell (see the module's rule)."""
+def recommend(
+    cells: list[dict[str, Any]], goodput_pct: float, success_pp: float
+) -> int | None:
+    """Index of the recommended cell (see the module's rule); None when every cell measured
+    the same, where any pick would only be grid order dressed up as advice."""
+    measured = {(c["success_pct"], c["first_byte_p99_s"], c.get("goodput_rps")) for c in cells}
+    if len(measured) <= 1:
+        return None
     candidates = list(range(len(cells)))
     goodputs = [c.get("goodput_rps") for c in cells]
     if any(g is not None for g in goodputs):
@@ -155,7 +161,6 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
             )
         )
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.9))
-    cx, cy = xs.index(cells[chosen][options.x]), ys.index(cells[chosen][options.y])
     bounds = [[""] * len(xs) for _ in ys]
     for cell in cells:
         mark = {"above": ">=", "below": "<"}.get(cell.get("goodput_bound") or "", "")
@@ -163,17 +168,24 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
     for ax, (key, scale, style) in zip(axes, panels, strict=True):
         sd = matrix(f"{key}_sd", scale) if f"{key}_sd" in cells[0] else None
         _panel(ax, matrix(key, scale), xs, ys, style, bounds if key == "goodput_rps" else None, sd)
-        ax.add_patch(Rectangle((cx - 0.5, cy - 0.5), 1, 1, fill=False, lw=2.5, ec="#e41a1c"))
+        if chosen is not None:
+            cx, cy = xs.index(cells[chosen][options.x]), ys.index(cells[chosen][options.y])
+            ax.add_patch(Rectangle((cx - 0.5, cy - 0.5), 1, 1, fill=False, lw=2.5, ec="#e41a1c"))
         ax.set_xlabel(options.x)
     axes[0].set_ylabel(options.y)
-    offered = cells[chosen]["offered_rps"]
     rate = ""
     if goodput is not None:
+        offered = cells[0 if chosen is None else chosen]["offered_rps"]
         rate = f" at rate x{goodput.reference():g} (~{offered:.0f} req/s offered)"
+    verdict = "no recommendation: every cell measured the same"
+    if chosen is not None:
+        verdict = (
+            f"Recommended (red box): {short(options.x)}={cells[chosen][options.x]}, "
+            f"{short(options.y)}={cells[chosen][options.y]}"
+        )
     fig.suptitle(
         f"{spec.sweep.name}: {short(options.x)} x {short(options.y)}; success and p99{rate}. "
-        f"Recommended (red box): {short(options.x)}={cells[chosen][options.x]}, "
-        f"{short(options.y)}={cells[chosen][options.y]}",
+        + verdict,
         fontsize=11,
     )
     keep = (
