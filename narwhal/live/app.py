@@ -111,6 +111,9 @@ class Router:
             lifespan=self._lifespan,
             exception_handlers={HTTPException: _http_error},
         )
+        # a trailing-slash redirect would echo the client's Host header into Location (an open
+        # redirect); a wrong path is a 404 instead
+        self.starlette.router.redirect_slashes = False
         self.app = _FastPath(self.starlette, inference)
 
     # ------------------------------------------------------------------ lifespan and ports

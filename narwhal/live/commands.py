@@ -11,6 +11,8 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 API_KEY_ENV = "NARWHAL_API_KEY"
@@ -22,8 +24,18 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--config", required=True, help="TOML configuration file")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument(
-        "--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (or ${API_KEY_ENV})"
+    keys = serve.add_mutually_exclusive_group()
+    keys.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help=f"require 'Authorization: Bearer KEY', KEY read from PATH (or set ${API_KEY_ENV})",
+    )
+    keys.add_argument(
+        "--api-key",
+        default=None,
+        help="the key itself (visible to every user in `ps`: prefer --api-key-file or "
+        f"${API_KEY_ENV})",
     )
     serve.add_argument("--seed", type=int, default=0, help="seed of every policy's randomness")
     serve.add_argument("--log-level", default="warning", help="uvicorn's log level")
@@ -42,6 +54,28 @@ def register(subparsers: Any) -> None:
     preflight.add_argument("--config", required=True, help="TOML configuration file")
     preflight.add_argument("--seed", type=int, default=0)
     preflight.set_defaults(func=preflight_command)
+
+
+def resolve_api_key(
+    flag: str | None, path: str | None, environ: Mapping[str, str]
+) -> str | None:
+    """The key from ``--api-key``, ``--api-key-file`` or the environment, in that order; None
+    when none is given. A key given but empty is refused: taken as "no key", it would turn
+    authentication off without a word."""
+    if path is not None:
+        try:
+            key, source = Path(path).read_text("utf-8").strip(), f"--api-key-file {path}"
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"--api-key-file: cannot read {path}: {error}") from None
+    elif flag is not None:
+        key, source = flag.strip(), "--api-key"
+    elif API_KEY_ENV in environ:
+        key, source = environ[API_KEY_ENV].strip(), f"${API_KEY_ENV}"
+    else:
+        return None
+    if not key:
+        raise ValueError(f"{source} gives an empty API key (to serve without one, give none)")
+    return key
 
 
 def _load(path: str) -> Any:
@@ -66,7 +100,11 @@ def serve_command(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if config is None:
         return 2
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    try:
+        api_key = resolve_api_key(args.api_key, args.api_key_file, os.environ)
+    except ValueError as error:
+        print(f"narwhal serve: {error}", file=sys.stderr)
+        return 2
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     requests_log = logging.getLogger("narwhal.requests")

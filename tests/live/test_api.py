@@ -243,3 +243,13 @@ def test_a_clients_request_id_is_used_echoed_and_logged(
         assert re.fullmatch(r"req-[0-9a-f]{32}", reply.headers["x-request-id"])
         fresh.add(reply.headers["x-request-id"])
     assert len(fresh) == 3  # random, not a counter that restarts with the process
+
+
+def test_no_redirect_echoes_the_host_header(
+    router: Callable[..., RouterHandle], pair: list[dict[str, Any]]
+) -> None:
+    handle = router(pair)
+    reply = HTTP.get(
+        handle.url + "/status/", headers={"host": "evil.example"}, follow_redirects=False
+    )
+    assert reply.status_code == 404 and "location" not in reply.headers
