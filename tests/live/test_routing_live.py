@@ -16,7 +16,7 @@ from narwhal.emulator.text import completion_tokens, prompt_text
 from narwhal.emulator.timing import LinearTiming
 from tests.live.conftest import Emulator, RouterHandle, metric_value
 
-SCRAPED = {"scrape_interval_s": 0.2, "max_report_age_s": 1.0}
+SCRAPED = {"scrape_interval_s": 0.05, "max_report_age_s": 1.0}
 
 
 def ask(handle: RouterHandle, prompt: str, max_tokens: int = 3) -> str:
@@ -68,7 +68,16 @@ def test_least_loaded_sends_decodes_to_the_engine_reporting_less_load(
             assert handle.engine(idle.url)["load"]["num_requests_running"] == 0
             assert handle.engine(producer.url)["load"] is None  # prefill is not least_loaded
         for index in range(6):
+            reported = (handle.engine(idle.url)["load"] or {}).get("reported_at")
             assert ask(handle, f"prompt {index}", max_tokens=2) == expected(f"prompt {index}", 2)
+            if policy == "least_loaded":
+                # the next placement sees a report made after this request ended: least_loaded
+                # counts the placements since a report as waiting requests (the report cannot
+                # show them yet), so requests faster than the scrapes would be spread out
+                def fresh(since: float = reported) -> bool:
+                    return bool(handle.engine(idle.url)["load"]["reported_at"] > since)
+
+                handle.wait_for(fresh)
     if policy == "least_loaded":
         assert decodes_placed(handle, idle) == 6 and decodes_placed(handle, loaded) == 0
         assert metric_value(handle.metrics(), "narwhal_load_reports_total", engine=idle.url) > 0
