@@ -10,10 +10,11 @@ JSON or a request the core's parser refuses).
 Theory of operation: the lifespan opens the httpx transport and a task group; the task group is
 the core's ``spawn`` port (probes, health checks, load scrapes) and runs the maintenance loop
 and the load scrape loop (:mod:`narwhal.core.loadscrape`, idle unless a phase is placed by
-``least_loaded``). Each inference request runs in its own task group next to a watcher of ``receive()``: a client disconnect
-cancels the lifecycle, whose ``finally`` releases every reservation and abandoned handoff. Every
-finished request yields one :class:`~narwhal.core.records.RequestRecord` (through
-``Policies(on_record=...)``), which feeds the metrics and one structured JSON log line.
+``least_loaded``). Each inference request runs in its own task group next to a watcher of
+``receive()``: a client disconnect cancels the lifecycle, whose ``finally`` releases every
+reservation and abandoned handoff. Every finished request yields one
+:class:`~narwhal.core.records.RequestRecord` (through ``Policies(on_record=...)``), which feeds
+the metrics and one structured JSON log line.
 """
 
 from __future__ import annotations
