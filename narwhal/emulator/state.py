@@ -56,7 +56,7 @@ class EmulatorConfig:
     kv_load_failure_policy: str = "fail"  # or "recompute"
     bytes_per_token: int = 2048
     max_model_len: int = 2048
-    kv_cache_tokens: int = 262_144  # the KV cache /metrics reports usage of (tiny-llama, 1 GiB)
+    kv_cache_tokens: int = 262_144  # the KV cache /metrics reports usage of (1 GiB, 4 KiB/token)
     seed: int = 0
     timing: TimingModel = field(default_factory=LinearTiming)
 
