@@ -6,6 +6,7 @@ no_producer = "local") on the consumer."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -66,6 +67,13 @@ def test_least_loaded_sends_decodes_to_the_engine_reporting_less_load(
                 lambda: (handle.engine(loaded.url)["load"] or {}).get("num_requests_running") == 3
             )
             assert handle.engine(idle.url)["load"]["num_requests_running"] == 0
+            gauge = metric_value(
+                handle.metrics(),
+                "narwhal_engine_reported_load",
+                engine=loaded.url,
+                gauge="num_requests_running",
+            )
+            assert gauge == 3
             assert handle.engine(producer.url)["load"] is None  # prefill is not least_loaded
         for index in range(6):
             reported = (handle.engine(idle.url)["load"] or {}).get("reported_at")
@@ -84,6 +92,55 @@ def test_least_loaded_sends_decodes_to_the_engine_reporting_less_load(
     else:  # reservations do not see load the router did not send: the seeded ties split
         assert decodes_placed(handle, loaded) > 0 and decodes_placed(handle, idle) > 0
     assert handle.engine(loaded.url)["failure_streak"] == 0
+
+
+def test_a_failing_scrape_is_logged_once_per_reason_and_counted(
+    emulator: Callable[..., Emulator],
+    router: Callable[..., RouterHandle],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    producer, consumer, refusing = emulator("prefill"), emulator("decode"), emulator("decode")
+    engines = [
+        {"url": producer.url, "role": "prefill"},
+        {"url": consumer.url, "role": "decode"},
+        {"url": refusing.url, "role": "decode"},
+    ]
+    caplog.set_level(logging.INFO, logger="narwhal.live")
+    handle = router(engines, routing={"decode": "least_loaded", "least_loaded": SCRAPED})
+    refusing.faults({"kind": "refused"})
+
+    def ignored() -> float:
+        return metric_value(
+            handle.metrics(), "narwhal_load_reports_ignored_total", engine=refusing.url
+        )
+
+    handle.wait_for(lambda: ignored() >= 3)
+    assert handle.engine(refusing.url)["load_problem"] == "GET /metrics refused"
+    lines = [r.getMessage() for r in caplog.records if refusing.url in r.getMessage()]
+    assert lines == [f"load report of {refusing.url} ignored: GET /metrics refused"]
+    refusing.clear()
+    handle.wait_for(lambda: handle.engine(refusing.url)["load_problem"] is None)
+    lines = [r.getMessage() for r in caplog.records if refusing.url in r.getMessage()]
+    assert lines[-1] == f"load reports of {refusing.url} resumed" and len(lines) == 2
+
+
+def test_prefix_affinity_matches_are_counted(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
+) -> None:
+    producer, first, second = emulator("prefill"), emulator("decode"), emulator("decode")
+    engines = [
+        {"url": producer.url, "role": "prefill"},
+        {"url": first.url, "role": "decode"},
+        {"url": second.url, "role": "decode"},
+    ]
+    handle = router(engines, routing={"decode": "prefix_affinity"})
+    for _ in range(3):
+        assert ask(handle, LONG) == expected(LONG)
+    metrics = handle.metrics()
+    assert (
+        metric_value(metrics, "narwhal_prefix_affinity_total", phase="decode", result="miss") == 1
+    )
+    assert metric_value(metrics, "narwhal_prefix_affinity_total", phase="decode", result="hit") == 2
 
 
 SHORT, LONG = "short prompt", "a long prompt " * 8  # 12 and 112 bytes
