@@ -27,7 +27,8 @@ from collections.abc import Callable
 
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.policies import Policies
-from narwhal.core.ports import ConnectFailed, Ports, Reply
+from narwhal.core.ports import CallResult, ConnectFailed, Ports, Reply
+from narwhal.core.routing.load import EngineLoad
 from narwhal.core.routing.vllm_metrics import MetricsRefused, engine_load
 
 SCRAPE_TIMEOUT_S = 5.0
@@ -46,15 +47,18 @@ def scraped_engines(config: NarwhalConfig) -> list[str]:
     ]
 
 
-def _problem(reply: object) -> str | None:
-    """Why a scrape's answer is no metrics page (None: it is one)."""
+def _read(reply: CallResult, model: str | None) -> EngineLoad | str:
+    """The load a scrape's answer reports, or why it reports none."""
     if isinstance(reply, ConnectFailed):
         return f"GET {METRICS_PATH} {reply.reason}"
     if not isinstance(reply, Reply):
         return f"GET {METRICS_PATH} timed out"
     if reply.status != 200:
         return f"GET {METRICS_PATH} answered HTTP {reply.status}"
-    return None
+    try:
+        return engine_load(reply.body, model)
+    except MetricsRefused as refused:
+        return str(refused)
 
 
 async def scrape_load(url: str, ports: Ports, policies: Policies) -> bool:
@@ -66,17 +70,11 @@ async def scrape_load(url: str, ports: Ports, policies: Policies) -> bool:
         url, "GET", METRICS_PATH, None, {}, ports.clock.now() + timeout
     )
     now = ports.clock.now()
+    load = _read(reply, contract.model if contract is not None else None)
     reports = policies.placement.load_reports
-    problem = _problem(reply)
-    if problem is None:
-        assert isinstance(reply, Reply)
-        try:
-            load = engine_load(reply.body, contract.model if contract is not None else None)
-        except MetricsRefused as refused:
-            problem = str(refused)
-    if problem is not None:
-        if reports.refuse(url, problem):
-            policies.log.add(now, "load_report_ignored", url, reason=problem)
+    if isinstance(load, str):
+        if reports.refuse(url, load):
+            policies.log.add(now, "load_report_ignored", url, reason=load)
         return False
     was_failing = reports.problem(url) is not None
     policies.placement.report_load(url, load, now)

@@ -31,8 +31,11 @@ SHORT_PROMPT = "short_prompt"
 NO_PRODUCER = "no_producer"
 
 
-def _token_ids(prompt: object) -> int | None:
+def _token_ids(request: ClientRequest) -> int | None:
     """The number of ids of a tokenized completion prompt (None: the prompt is text)."""
+    if request.endpoint != COMPLETIONS:
+        return None
+    prompt = request.body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]  # a batch of one tokenized prompt
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
@@ -42,11 +45,8 @@ def _token_ids(prompt: object) -> int | None:
 
 def estimated_prompt_tokens(request: ClientRequest) -> int:
     """The prompt's length in tokens as the router estimates it (module docstring)."""
-    if request.endpoint == COMPLETIONS:
-        ids = _token_ids(request.body.get("prompt"))
-        if ids is not None:
-            return ids
-    return len(rendered_prompt(request))
+    ids = _token_ids(request)
+    return ids if ids is not None else len(rendered_prompt(request))
 
 
 @dataclass
@@ -77,11 +77,12 @@ class Disaggregation:
     def uncached_tokens(self, request: ClientRequest, consumers: list[str]) -> int:
         """The estimated prompt tokens the consumer the decode policy would choose among
         ``consumers`` does not hold."""
-        tokens = estimated_prompt_tokens(request)
         index = self._index
-        if index is None or not consumers or not tokens:
-            return tokens
+        if index is None or not consumers:
+            return estimated_prompt_tokens(request)
         rendered = len(rendered_prompt(request))
+        ids = _token_ids(request)
+        tokens = rendered if ids is None else ids
         held = min(rendered, index.held_blocks(consumers, request) * index.block_size)
         return tokens - tokens * held // rendered if rendered else tokens
 
