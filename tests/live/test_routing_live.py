@@ -114,14 +114,18 @@ def test_a_failing_scrape_is_logged_once_per_reason_and_counted(
             handle.metrics(), "narwhal_load_reports_ignored_total", engine=refusing.url
         )
 
-    handle.wait_for(lambda: ignored() >= 3)
+    handle.wait_for(lambda: ignored() >= 5)
     assert handle.engine(refusing.url)["load_problem"] == "GET /metrics refused"
     lines = [r.getMessage() for r in caplog.records if refusing.url in r.getMessage()]
-    assert lines == [f"load report of {refusing.url} ignored: GET /metrics refused"]
+    # one line per change of reason, not per scrape (a kept-alive connection may first be
+    # reset when the engine stops listening, then every new one is refused)
+    refused = f"load report of {refusing.url} ignored: GET /metrics refused"
+    reset = f"load report of {refusing.url} ignored: GET /metrics reset"
+    assert lines in ([refused], [reset, refused])
     refusing.clear()
     handle.wait_for(lambda: handle.engine(refusing.url)["load_problem"] is None)
-    lines = [r.getMessage() for r in caplog.records if refusing.url in r.getMessage()]
-    assert lines[-1] == f"load reports of {refusing.url} resumed" and len(lines) == 2
+    after = [r.getMessage() for r in caplog.records if refusing.url in r.getMessage()]
+    assert after == [*lines, f"load reports of {refusing.url} resumed"]
 
 
 def test_prefix_affinity_matches_are_counted(
