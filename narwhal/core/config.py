@@ -190,9 +190,22 @@ class LeastLoadedSettings(_Strict):
     # a report older than this counts as unknown; with any candidate's load unknown, the choice
     # is least_reserved
     max_report_age_s: Duration = 2.0
+    # how often each engine's load is read: the live router scrapes GET /metrics, the simulated
+    # engine reports its true load at this period (both only while a phase uses least_loaded)
+    scrape_interval_s: Duration = 0.5
     waiting_weight: Weight = 1.0
     running_weight: Weight = 1.0
     kv_cache_weight: Weight = 1.0  # kv_cache_usage_perc is 0..1: a full cache counts as 1
+
+    @model_validator(mode="after")
+    def _scraped_before_stale(self) -> LeastLoadedSettings:
+        if self.scrape_interval_s >= self.max_report_age_s:
+            raise ValueError(
+                f"scrape_interval_s ({self.scrape_interval_s:g}) must be below "
+                f"max_report_age_s ({self.max_report_age_s:g}): otherwise every report is "
+                "stale before the next one arrives"
+            )
+        return self
 
 
 class PrefixAffinitySettings(_Strict):
@@ -207,11 +220,20 @@ class PrefixAffinitySettings(_Strict):
     imbalance_threshold: Annotated[Count, Field(ge=0)] = 8
 
 
+NoProducer = Literal["fail", "local"]
+"""What a request gets when no producer is placeable: 503 + Retry-After, or a local prefill."""
+
+
 class RoutingSettings(_Strict):
-    """Which routing policy places each phase, and the policies' parameters."""
+    """Which routing policy places each phase, the policies' parameters, and which requests are
+    disaggregated at all (narwhal.core.routing.disagg)."""
 
     prefill: RoutingPolicyName = "least_reserved"
     decode: RoutingPolicyName = "least_reserved"
+    # a prompt whose estimated uncached length is below this is prefilled by its consumer (the
+    # contract's same-worker path); 0: every prompt is prefilled on a producer
+    remote_prefill_min_tokens: Annotated[Count, Field(ge=0, le=10_000_000)] = 0
+    no_producer: NoProducer = "fail"
     least_loaded: LeastLoadedSettings = LeastLoadedSettings()
     prefix_affinity: PrefixAffinitySettings = PrefixAffinitySettings()
 

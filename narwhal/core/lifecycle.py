@@ -18,6 +18,9 @@ Theory of operation (one attempt):
    came before it is flushed right behind the headers). Before it, every fault is an ordinary
    HTTP error and may be retried; after it, a fault ends the stream with one terminal
    ``data: {"error": ...}`` event.
+Per-request disaggregation (:mod:`narwhal.core.routing.disagg`) may skip steps 1-2: a short
+uncached prompt, or no placeable producer with ``no_producer = "local"``, goes straight to a
+consumer that computes the prompt itself (the contract's same-worker path).
 Faults are charged to the engine that caused them (breaker streak, quarantine); a transient fault
 before commit starts a fresh attempt (new ids, new placement, new producer ownership) when
 attempts, the deadline and the retry budget allow; otherwise the client gets the fault's status.
@@ -37,6 +40,7 @@ from narwhal.core.ports import ClientGone, ClientSink, Ports
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import ClientRequest, decode_body
 from narwhal.core.retry import Deadline
+from narwhal.core.routing.disagg import NO_PRODUCER, SHORT_PROMPT
 from narwhal.core.sse import EventKind
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
@@ -230,9 +234,15 @@ class _Lifecycle:
             )
         if not policies.placement.any_eligible("decode", now):
             return self._no_engine("decode")  # nobody could take the handoff: spare the prefill
-        producer = policies.placement.choose("prefill", now, self.failed_engines, self.request)
+        placement = policies.placement
+        if placement.prefill_locally(self.request, now, self.failed_engines):
+            return await self._prefill_on_consumer(now, SHORT_PROMPT)
+        producer = placement.choose("prefill", now, self.failed_engines, self.request)
         if producer is None:
+            if placement.local_without_producer:
+                return await self._prefill_on_consumer(now, NO_PRODUCER)
             return self._no_engine("prefill")
+        placement.prefill_routes.remote += 1
         self._producer = producer
         prefill_slot = self._reserve(producer, "prefill", now)
         prefilled = await prefill_leg(
@@ -271,6 +281,31 @@ class _Lifecycle:
             body,
             policies.new_id(f"{self.request.request_id}-d{self.attempts}"),
             pulls=crossed,
+        )
+
+    async def _prefill_on_consumer(self, now: float, reason: str) -> Fault | None:
+        """The contract's same-worker path for a request disaggregation keeps whole
+        (:mod:`narwhal.core.routing.disagg`): the consumer computes the prompt itself, its
+        decode leg carrying no transfer parameters; no producer leg, so no ``ttft_s``."""
+        policies = self.policies
+        consumer = policies.placement.choose("decode", now, self.failed_engines, self.request)
+        if consumer is None:
+            return self._no_engine("decode")
+        routes = policies.placement.prefill_routes
+        if reason == SHORT_PROMPT:
+            routes.short_prompt += 1
+        else:
+            routes.no_producer += 1
+        if policies.log.enabled:
+            policies.log.add(
+                now, "prefill_local", consumer, request=self.request.request_id, reason=reason
+            )
+        self._reserve(consumer, "decode", now)
+        return await self._decode(
+            consumer,
+            decode_body(self.request, None),
+            policies.new_id(f"{self.request.request_id}-d{self.attempts}"),
+            pulls=False,
         )
 
     # ------------------------------------------------------------------ decode and stream

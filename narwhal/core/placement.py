@@ -12,7 +12,10 @@ this request already failed on are avoided while another candidate exists (Envoy
 ``[routing] prefill`` / ``decode``; the default, ``least_reserved``, takes the fewest
 reservations of the phase, ties broken by the seeded RNG) picks one of the candidates; every
 policy draws from this placement's seeded RNG, so the same seed gives the same placements.
-Engine-reported load reaches the policies through :meth:`Placement.report_load`.
+Engine-reported load reaches the policies through :meth:`Placement.report_load`. Whether a
+request is prefilled by its consumer instead of a producer
+(:mod:`narwhal.core.routing.disagg`) is asked through :meth:`Placement.prefill_locally` and
+:attr:`Placement.local_without_producer`, over the consumers this request could be placed on.
 
 Fallback: quarantine steers traffic away from an engine that just failed, and the ejection cap
 keeps an engine past ``eject_after`` in service (CAPPED); neither leaves a role without an
@@ -34,6 +37,7 @@ from narwhal.core.config import Role, RoutingSettings
 from narwhal.core.records import DecisionLog
 from narwhal.core.requests import ClientRequest
 from narwhal.core.routing.build import build_policy
+from narwhal.core.routing.disagg import Disaggregation, PrefillRoutes
 from narwhal.core.routing.load import EngineLoad, LoadReports
 from narwhal.core.routing.policy import RoutingPolicy
 
@@ -92,6 +96,9 @@ class Placement:
             )
             for phase in PHASES
         }
+        self.disaggregation = Disaggregation(settings, self.routing["decode"])
+        self.local_without_producer = self.disaggregation.local_without_producer
+        self.prefill_routes: PrefillRoutes = self.disaggregation.routes
 
     def candidates(self, phase: str, now: float) -> list[str]:
         breaker = self._breaker
@@ -110,6 +117,16 @@ class Placement:
     def falls_back(self, phase: str, now: float) -> bool:
         """Whether ``phase`` has no ready engine but a quarantined one to fall back on."""
         return not self.candidates(phase, now) and self.any_eligible(phase, now)
+
+    def prefill_locally(self, request: ClientRequest, now: float, avoid: Collection[str]) -> bool:
+        """Whether ``request``'s uncached prompt is short enough for its consumer to prefill
+        (``remote_prefill_min_tokens``; always False when that is 0)."""
+        disaggregation = self.disaggregation
+        if disaggregation.min_remote_tokens == 0:
+            return False
+        consumers = self.candidates("decode", now)
+        fresh = [url for url in consumers if url not in avoid]
+        return disaggregation.short_prompt(request, fresh or consumers)
 
     def report_load(self, url: str, load: EngineLoad, now: float) -> None:
         """``url`` reported ``load`` as of ``now`` (read by ``least_loaded``; see

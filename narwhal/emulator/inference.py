@@ -34,6 +34,7 @@ from narwhal.emulator.asgi import SSE_HEADERS, bytes_reply, error_reply
 from narwhal.emulator.handoff import Handoff
 from narwhal.emulator.request import InferenceJob, Rejected, parse_job
 from narwhal.emulator.state import EngineState
+from narwhal.emulator.surfaces import kv_blocks
 from narwhal.emulator.text import completion_tokens
 
 
@@ -54,11 +55,14 @@ class Inference:
         except Rejected as error:
             await bytes_reply(send, error.status, error.body())
             return True
+        blocks = kv_blocks(state.config.block_size, job.prompt_tokens + job.max_tokens)
         state.running += 1
+        state.running_kv_blocks += blocks
         try:
             return await self._serve(job, send)
         finally:
             state.running -= 1
+            state.running_kv_blocks -= blocks
 
     async def _serve(self, job: InferenceJob, send: Send) -> bool:
         fault, kind = job.fault, job.fault_kind

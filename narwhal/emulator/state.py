@@ -11,7 +11,7 @@ the configuration names one. Two RNGs come from the seed: ``rng`` for request an
 ``fault_rng`` for the per-request faults' probabilities (so drawing faults never changes an id);
 engines meant to fail independently are given different seeds. ``counts`` are the counters
 ``/admin/state`` shows (in this order) and ``/metrics`` reports under vLLM's names; ``running``
-is the number of requests being served.
+is the number of requests being served and ``running_kv_blocks`` the KV blocks they hold.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class EmulatorConfig:
     kv_load_failure_policy: str = "fail"  # or "recompute"
     bytes_per_token: int = 2048
     max_model_len: int = 2048
+    kv_cache_tokens: int = 262_144  # the KV cache /metrics reports usage of (1 GiB, 4 KiB/token)
     seed: int = 0
     timing: TimingModel = field(default_factory=LinearTiming)
 
@@ -71,6 +72,7 @@ class EngineState:
     kv: KvStore
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     running: int = 0
+    running_kv_blocks: int = 0  # the KV blocks the requests being served hold
 
     @classmethod
     def create(cls, config: EmulatorConfig) -> EngineState:

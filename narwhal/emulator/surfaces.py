@@ -6,11 +6,19 @@ the model list with ``max_model_len``, and Prometheus text with vLLM's metric na
 ``vllm:nixl_bytes_transferred``, ...) — computed from the engine's own counters.
 
 Theory of operation: both are pure functions of the :class:`~narwhal.emulator.state.EngineState`
-(``/metrics`` first sweeps expired handoffs, so the expiry counter is current).
+(``/metrics`` first sweeps expired handoffs, so the expiry counter is current). The load
+gauges a router's ``least_loaded`` reads are the engine's true figures:
+``vllm:num_requests_running`` the requests being served; ``vllm:num_requests_waiting`` 0, as
+the emulator admits every request at once (it has no scheduler queue); and
+``vllm:kv_cache_usage_perc`` from its KV model (:func:`kv_cache_usage`): a request being
+served holds the blocks of its prompt and all its output tokens from its start, a producer's
+handoff the blocks of its prompt until it is pulled, released or expired, out of
+``kv_cache_tokens`` tokens of cache.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from narwhal.emulator.state import EmulatorConfig, EngineState
@@ -37,6 +45,19 @@ def models(config: EmulatorConfig) -> dict[str, Any]:
     }
 
 
+def kv_blocks(block_size: int, tokens: int) -> int:
+    """The KV blocks that hold ``tokens`` tokens."""
+    return math.ceil(tokens / block_size)
+
+
+def kv_cache_usage(state: EngineState) -> float:
+    """The share of the KV cache in use (0..1) by the module docstring's model."""
+    config = state.config
+    handoffs = sum(len(group) for e in state.kv.entries.values() for group in e.block_ids)
+    used = state.running_kv_blocks + handoffs
+    return min(1.0, used / kv_blocks(config.block_size, config.kv_cache_tokens))
+
+
 def metrics(state: EngineState) -> str:
     """``GET /metrics``: Prometheus text with vLLM's names."""
     state.kv.sweep()
@@ -46,6 +67,12 @@ def metrics(state: EngineState) -> str:
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
         "# TYPE vllm:num_requests_running gauge",
         f"vllm:num_requests_running{{{labels}}} {float(state.running)}",
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{{{labels}}} 0.0",
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{{{labels}}} {kv_cache_usage(state)!r}",
         "# HELP vllm:prompt_tokens_by_source_total Prompt tokens by source.",
         "# TYPE vllm:prompt_tokens_by_source_total counter",
         f'vllm:prompt_tokens_by_source_total{{{labels},source="external_kv_transfer"}} '

@@ -8,11 +8,13 @@ chooses are for requests the core never sees (401 bad key, 413 body too large, 4
 JSON or a request the core's parser refuses).
 
 Theory of operation: the lifespan opens the httpx transport and a task group; the task group is
-the core's ``spawn`` port (probes, health checks) and runs the maintenance loop. Each inference
-request runs in its own task group next to a watcher of ``receive()``: a client disconnect
-cancels the lifecycle, whose ``finally`` releases every reservation and abandoned handoff. Every
-finished request yields one :class:`~narwhal.core.records.RequestRecord` (through
-``Policies(on_record=...)``), which feeds the metrics and one structured JSON log line.
+the core's ``spawn`` port (probes, health checks, load scrapes) and runs the maintenance loop
+and the load scrape loop (:mod:`narwhal.core.loadscrape`, idle unless a phase is placed by
+``least_loaded``). Each inference request runs in its own task group next to a watcher of
+``receive()``: a client disconnect cancels the lifecycle, whose ``finally`` releases every
+reservation and abandoned handoff. Every finished request yields one
+:class:`~narwhal.core.records.RequestRecord` (through ``Policies(on_record=...)``), which feeds
+the metrics and one structured JSON log line.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from narwhal.core import wire
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.jsonparse import parse_json
 from narwhal.core.lifecycle import serve_request
+from narwhal.core.loadscrape import load_scrape_loop
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports, Reply
 from narwhal.core.probe import maintenance_loop
@@ -149,6 +152,10 @@ class Router:
                     stop=lambda: self._stopping,
                     tick_s=self._tick_s,
                 )
+            )
+            # engine load for least_loaded (returns at once when no phase uses it)
+            group.start_soon(
+                partial(load_scrape_loop, self._ports, self.policies, stop=lambda: self._stopping)
             )
             try:
                 yield

@@ -15,6 +15,7 @@ converting monotonic times to the epoch.
 
 from __future__ import annotations
 
+import logging
 import platform
 from collections.abc import Iterator
 from typing import Any
@@ -28,12 +29,13 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from narwhal import __version__
 from narwhal.core.breaker import EngineState
 from narwhal.core.policies import Policies
 from narwhal.core.records import Decision, RequestRecord
+from narwhal.core.routing.prefix import PrefixAffinity
 from narwhal.live.clock import AnyioClock, to_wall
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -44,6 +46,8 @@ E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300
 # A counter's ``_created`` series doubles every series for a timestamp Prometheus does not use
 # (and `promtool check metrics` flags); prometheus_client's switch for it is process-wide.
 disable_created_metrics()  # type: ignore[no-untyped-call]
+
+log = logging.getLogger("narwhal.live")
 
 
 class _FleetCollector:
@@ -89,6 +93,64 @@ class _FleetCollector:
             "retries holding retry budget",
             value=float(budget.active_retries),
         )
+        yield from _routing_families(policies, now)
+
+
+def _routing_families(policies: Policies, now: float) -> Iterator[Any]:
+    """Where prompts were prefilled, what the engines reported, and prefix_affinity's matches
+    (all read from the core's placement at scrape time)."""
+    placement = policies.placement
+    prefills = CounterMetricFamily(
+        "narwhal_prefills",
+        "prefills by route: remote (a producer), short_prompt and no_producer (the consumer)",
+        labels=["route"],
+    )
+    for route, count in placement.prefill_routes.as_dict().items():
+        prefills.add_metric([route], float(count))
+    yield prefills
+    reports = placement.load_reports
+    taken = CounterMetricFamily(
+        "narwhal_load_reports", "engine load reports taken (scrapes)", labels=["engine"]
+    )
+    refused = CounterMetricFamily(
+        "narwhal_load_reports_ignored",
+        "scrapes that gave no usable load (the engine is not charged)",
+        labels=["engine"],
+    )
+    names = ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc")
+    load = GaugeMetricFamily(
+        "narwhal_engine_reported_load",
+        "the engine's latest load report (vLLM's gauge of that name)",
+        labels=["engine", "gauge"],
+    )
+    age = GaugeMetricFamily(
+        "narwhal_engine_load_report_age_seconds",
+        "how old the engine's latest load report is",
+        labels=["engine"],
+    )
+    for url in reports.reported:
+        taken.add_metric([url], float(reports.reported[url]))
+        refused.add_metric([url], float(reports.refused[url]))
+        report = reports.latest(url)
+        if report is not None:
+            for name in names:
+                load.add_metric([url, name], float(getattr(report.load, name)))
+            age.add_metric([url], now - report.at)
+    yield taken
+    yield refused
+    yield load
+    yield age
+    affinity = CounterMetricFamily(
+        "narwhal_prefix_affinity",
+        "prefix_affinity placements: hit (longest match), override (load guard), miss",
+        labels=["phase", "result"],
+    )
+    for phase, policy in placement.routing.items():
+        if isinstance(policy, PrefixAffinity):
+            affinity.add_metric([phase, "hit"], float(policy.hits))
+            affinity.add_metric([phase, "override"], float(policy.overrides))
+            affinity.add_metric([phase, "miss"], float(policy.misses))
+    yield affinity
 
 
 class RouterMetrics:
@@ -215,6 +277,10 @@ class RouterMetrics:
             self.quarantine_fallbacks.labels(engine, str(detail.get("phase", ""))).inc()
         elif kind == "eject_capped":
             self.ejections_capped.labels(engine).inc()
+        elif kind == "load_report_ignored":  # logged only when the reason changes
+            log.warning("load report of %s ignored: %s", engine, detail.get("reason"))
+        elif kind == "load_report_resumed":
+            log.info("load reports of %s resumed", engine)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
@@ -239,6 +305,7 @@ def status_document(policies: Policies, clock: AnyioClock) -> dict[str, Any]:
                 "ejected_since": to_wall(clock, health.ejected_since),
                 "quarantined_until": to_wall(clock, quarantined),
                 "reservations": dict(policies.placement.counts[entry.url]),
+                **_load_status(policies, clock, entry.url),
             }
         )
     return {
@@ -247,7 +314,24 @@ def status_document(policies: Policies, clock: AnyioClock) -> dict[str, Any]:
         "quarantine_fallback": {
             phase: policies.placement.falls_back(phase, now) for phase in ("prefill", "decode")
         },
+        "prefills": policies.placement.prefill_routes.as_dict(),
         "requests_in_flight": policies.budget.active_requests,
         "retries_in_flight": policies.budget.active_retries,
         "time": clock.wall(),
     }
+
+
+def _load_status(policies: Policies, clock: AnyioClock, url: str) -> dict[str, Any]:
+    """An engine's latest load report (None: never reported) and why its latest scrape gave
+    none (None: it gave one, or nothing is scraped)."""
+    reports = policies.placement.load_reports
+    report = reports.latest(url)
+    load = None
+    if report is not None:
+        load = {
+            "num_requests_waiting": report.load.num_requests_waiting,
+            "num_requests_running": report.load.num_requests_running,
+            "kv_cache_usage_perc": report.load.kv_cache_usage_perc,
+            "reported_at": to_wall(clock, report.at),
+        }
+    return {"load": load, "load_problem": reports.problem(url)}

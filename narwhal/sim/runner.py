@@ -36,6 +36,7 @@ from narwhal.sim.faults import FaultWindow, expand, install
 from narwhal.sim.gpu.engine import SimEngine
 from narwhal.sim.gpu.handoffs import Registry
 from narwhal.sim.kvnet import KvNetwork
+from narwhal.sim.loadreports import start_load_reports
 from narwhal.sim.scenario import Scenario
 from narwhal.sim.timing import LinearStepTiming
 from narwhal.sim.workload import Arrival, generate
@@ -138,6 +139,8 @@ def run(
             health_checks=sim.health_checks,
         ),
     )
+
+    start_load_reports(env, engines, policies)  # only for a least_loaded phase
 
     endpoint = CHAT if scenario.workload.endpoint == "chat" else COMPLETIONS
     stream = scenario.workload.stream

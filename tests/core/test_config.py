@@ -272,3 +272,52 @@ def test_the_valid_keys_are_the_models_fields_at_every_level() -> None:
     assert valid_keys(NarwhalConfig, ("engines", 3)) == sorted(EngineEntry.model_fields)
     assert valid_keys(NarwhalConfig, ("engine_contract",)) == sorted(EngineContract.model_fields)
     assert valid_keys(NarwhalConfig, ("recovery", "eject_after")) is None  # not a table
+
+
+DISAGGREGATION = """
+[routing]
+remote_prefill_min_tokens = 256
+no_producer = "local"
+[routing.least_loaded]
+scrape_interval_s = 0.25
+[[engines]]
+url = "http://127.0.0.1:8100"
+role = "both"
+"""
+
+
+def test_disaggregation_and_scrape_keys_load_and_default_to_the_old_behaviour() -> None:
+    routing = parse_config(tomllib.loads(DISAGGREGATION)).routing
+    assert (routing.remote_prefill_min_tokens, routing.no_producer) == (256, "local")
+    assert routing.least_loaded.scrape_interval_s == 0.25
+    defaults = parse_config(FLEET).routing
+    assert (defaults.remote_prefill_min_tokens, defaults.no_producer) == (0, "fail")
+    assert defaults.least_loaded.scrape_interval_s == 0.5
+
+
+@pytest.mark.parametrize(
+    ("routing", "key", "reason"),
+    [
+        ({"remote_prefill_min_tokens": -1}, "routing.remote_prefill_min_tokens",
+         "greater than or equal to 0"),
+        ({"remote_prefill_min_tokens": 1.5}, "routing.remote_prefill_min_tokens",
+         "valid integer"),
+        ({"remote_prefill_min_tokens": "512"}, "routing.remote_prefill_min_tokens",
+         "valid integer"),
+        ({"no_producer": "remote"}, "routing.no_producer", "'fail' or 'local'"),
+        ({"least_loaded": {"scrape_interval_s": 0}}, "routing.least_loaded.scrape_interval_s",
+         "greater than or equal to 0.001"),
+        ({"least_loaded": {"scrape_interval_s": 2.0}}, "routing.least_loaded",
+         "scrape_interval_s (2) must be below max_report_age_s (2)"),
+        ({"least_loaded": {"max_report_age_s": 0.4}}, "routing.least_loaded",
+         "scrape_interval_s (0.5) must be below max_report_age_s (0.4)"),
+    ],
+)  # fmt: skip
+def test_bad_disaggregation_or_scrape_keys_name_the_key(
+    routing: dict, key: str, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({**FLEET, "routing": routing}, "fleet.toml")
+    lines = str(error.value).splitlines()
+    line = next(line for line in lines if line.strip().startswith(key + ":"))
+    assert reason in line, line

@@ -161,6 +161,7 @@ def start_router(
     engine: dict[str, Any] | None = None,
     recovery: dict[str, Any] | None = None,
     contract: dict[str, Any] | None = None,
+    routing: dict[str, Any] | None = None,
     api_key: str | None = None,
     seed: int = 0,
     max_body_bytes: int = 4 * 1024 * 1024,
@@ -174,6 +175,8 @@ def start_router(
     }
     if contract is not None:
         data["engine_contract"] = contract
+    if routing is not None:
+        data["routing"] = routing
     app = Router(
         parse_config(data),
         seed=seed,

@@ -6,6 +6,8 @@ failed on while others exist); eligibility, the quarantine fallback, the ejectio
 retry's "avoid" rule stay in placement and so apply to every policy alike.
 
 Modules: :mod:`.policy` (the interface and the reservation-based rules), :mod:`.load`
-(engine-reported load and ``least_loaded``), :mod:`.prefix` (the prompt block index and
-``prefix_affinity``), :mod:`.build` (a policy from its configured name).
+(engine-reported load and ``least_loaded``), :mod:`.vllm_metrics` (vLLM's ``/metrics`` text
+read as a load), :mod:`.prefix` (the prompt block index and ``prefix_affinity``), :mod:`.build`
+(a policy from its configured name), :mod:`.disagg` (per-request disaggregation: whether a
+prompt is prefilled on a producer or by its consumer).
 """

@@ -67,20 +67,37 @@ class LoadReport:
 
 
 class LoadReports:
-    """The latest load report of each engine of the fleet."""
+    """The latest load report of each engine of the fleet, and how its scrapes went."""
 
     def __init__(self, urls: list[str]) -> None:
         self._urls = frozenset(urls)
         self._latest: dict[str, LoadReport] = {}
+        self.reported = dict.fromkeys(urls, 0)  # reports taken, per engine
+        self.refused = dict.fromkeys(urls, 0)  # scrapes that gave no usable load, per engine
+        self._problem: dict[str, str] = {}  # why the engine's latest scrape gave no load
 
     def report(self, url: str, load: EngineLoad, now: float) -> None:
         """Record ``url``'s load as measured at ``now``; a report older than the held one is
         ignored (two scrapes answered out of order)."""
         if url not in self._urls:
             raise KeyError(f"no engine {url!r} in the fleet")
+        self.reported[url] += 1
+        self._problem.pop(url, None)
         held = self._latest.get(url)
         if held is None or now >= held.at:
             self._latest[url] = LoadReport(load, now)
+
+    def refuse(self, url: str, reason: str) -> bool:
+        """A scrape of ``url`` gave no usable load, for ``reason``: the held report stays (and
+        goes stale). True when that is news: the previous scrape passed, or failed otherwise."""
+        self.refused[url] += 1
+        news = self._problem.get(url) != reason
+        self._problem[url] = reason
+        return news
+
+    def problem(self, url: str) -> str | None:
+        """Why ``url``'s latest scrape gave no load (None: it gave one, or none was made)."""
+        return self._problem.get(url)
 
     def latest(self, url: str) -> LoadReport | None:
         """The latest report of ``url``, however old (None: it never reported)."""

@@ -129,10 +129,11 @@ class PrefixAffinity(RoutingPolicy):
         settings: PrefixAffinitySettings,
     ) -> None:
         super().__init__(phase, counts, rng)
-        self._block_size = settings.block_size
+        self.block_size = settings.block_size
         self._limit = settings.max_blocks_per_engine
         self._threshold = settings.imbalance_threshold
         self.indexes = {url: PrefixIndex(settings.max_blocks_per_engine) for url in serving}
+        self._memo: tuple[ClientRequest, list[bytes]] | None = None  # the last chain made
         # placements sent to an engine for its match / whose match the load guard overrode /
         # with no candidate matching
         self.hits = 0
@@ -142,7 +143,35 @@ class PrefixAffinity(RoutingPolicy):
     def chain(self, request: ClientRequest | None) -> list[bytes]:
         if request is None:
             return []
-        return block_hashes(rendered_prompt(request), self._block_size, self._limit)
+        memo = self._memo
+        if memo is not None and memo[0] is request:  # asked twice for one request
+            return memo[1]
+        chain = block_hashes(rendered_prompt(request), self.block_size, self._limit)
+        self._memo = (request, chain)
+        return chain
+
+    def held_blocks(self, candidates: list[str], request: ClientRequest) -> int:
+        """How many leading blocks of ``request``'s prompt the index says the engine
+        :meth:`choose` would pick among ``candidates`` holds (0 when the load guard would
+        override the match). Changes nothing and draws no randomness: every engine tied for
+        the longest match holds as many blocks, and the guard looks only at reservations."""
+        chain = self.chain(request)
+        if not chain or not candidates:
+            return 0
+        longest = 0
+        tied: list[str] = []
+        for url in candidates:
+            matched = self.indexes[url].match(chain)
+            if matched > longest:
+                longest, tied = matched, [url]
+            elif matched == longest and matched:
+                tied.append(url)
+        if not tied:
+            return 0
+        counts, phase = self._counts, self.phase
+        fewest_tied = min(counts[url][phase] for url in tied)
+        fewest = min(counts[url][phase] for url in candidates)
+        return 0 if fewest_tied - fewest > self._threshold else longest
 
     def choose(self, candidates: list[str], request: ClientRequest | None, now: float) -> str:
         chain = self.chain(request)
