@@ -18,6 +18,7 @@ from narwhal.emulator.text import completion_tokens, prompt_text
 from narwhal.emulator.timing import LinearTiming
 from tests.live.conftest import HTTP, Emulator, RouterHandle, metric_value
 
+MODEL = "tiny-llama"  # what the emulators serve
 SLOW = LinearTiming(decode_s_per_token=0.02)  # a 60-token stream lasts about 1.2 s
 
 
@@ -36,7 +37,7 @@ class Stream(threading.Thread):
     def __init__(self, url: str, prompt: str, max_tokens: int) -> None:
         super().__init__(daemon=True)
         self.url = url
-        self.body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+        self.body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
         self.status: int | None = None
         self.headers: httpx.Headers | None = None
         self.content = b""
@@ -107,7 +108,7 @@ def test_a_body_of_too_many_values_is_a_413_and_changes_nothing(
 ) -> None:
     handle = router(pair, admission={"max_json_values": 1000})
     url = handle.url + "/v1/completions"
-    many = {"model": "tiny-llama", "prompt": "x", "max_tokens": 2, "extra": [{}] * 996}  # 1001 values
+    many = {"model": MODEL, "prompt": "x", "max_tokens": 2, "extra": [{}] * 996}  # 1001 values
     reply = HTTP.post(url, json=many)
     assert reply.status_code == 413
     error = reply.json()["error"]
@@ -117,7 +118,7 @@ def test_a_body_of_too_many_values_is_a_413_and_changes_nothing(
     )
     just_enough = {**many, "extra": [{}] * 995}  # 1000 values: served
     assert HTTP.post(url, json=just_enough).status_code == 200
-    long_prose = {"model": "tiny-llama", "prompt": ", [{" * 450, "max_tokens": 2}  # 1350 marks
+    long_prose = {"model": MODEL, "prompt": ", [{" * 450, "max_tokens": 2}  # 1350 marks
     assert HTTP.post(url, json=long_prose).status_code == 200  # text is not values
     # a slot is given back once the handler returns, just after the client has its answer
     handle.wait_for(lambda: handle.status()["admission"]["in_flight"] == 0)
