@@ -103,6 +103,23 @@ class RecoverySettings(_Strict):
     probe_interval_s: Annotated[Duration, Field(ge=0.01)] = 5.0
 
 
+class AdmissionSettings(_Strict):
+    """The router's own bounds: requests in flight and what one request body may expand into.
+
+    ``max_requests_in_flight`` bounds the work a burst of arrivals can put on the router (each
+    admitted request costs the event loop a few milliseconds to start, and holds its body and
+    streams); one past it gets 503 with ``Retry-After: retry_after_s`` at once (docs/live.md).
+    """
+
+    max_requests_in_flight: Annotated[Count, Field(ge=1, le=1_000_000)] = 512
+    retry_after_s: Annotated[Count, Field(ge=1, le=3600)] = 1  # whole seconds, as the header
+    max_body_bytes: Annotated[Count, Field(ge=256, le=1 << 30)] = 4 * 1024 * 1024
+    # JSON values (objects, arrays, numbers, strings...) one body may hold: bounds its parsed
+    # size (a 4 MiB body of empty objects parses into about 100 MB); 262,144 leaves room for a
+    # 256k-token prompt sent as token ids
+    max_json_values: Annotated[Count, Field(ge=64, le=100_000_000)] = 262_144
+
+
 class EngineContract(_Strict):
     """What every engine must be; checked by preflight and on breaker readmission."""
 
@@ -244,6 +261,7 @@ class NarwhalConfig(_Strict):
     engine: EngineSettings = EngineSettings()
     recovery: RecoverySettings = RecoverySettings()
     routing: RoutingSettings = RoutingSettings()
+    admission: AdmissionSettings = AdmissionSettings()
     engine_contract: EngineContract | None = None
     engines: list[EngineEntry] = Field(min_length=1)
 

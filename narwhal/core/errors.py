@@ -36,6 +36,7 @@ class FaultKind(Enum):
     INBAND_ERROR = "inband_error"  # an error object inside an HTTP 200 stream
     DEADLINE = "deadline"  # the original request deadline passed
     NO_ENGINE = "no_engine"  # no engine of a role is eligible (503 + Retry-After)
+    OVERLOADED = "overloaded"  # the router's own bound on requests in flight (503 + Retry-After)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ FAULT_RULES: dict[FaultKind, FaultRule] = {
     FaultKind.INBAND_ERROR: FaultRule(None, True, True, "engine_error"),
     FaultKind.DEADLINE: FaultRule(504, False, False, "request_timeout"),
     FaultKind.NO_ENGINE: FaultRule(503, False, False, "no_engine_available"),
+    FaultKind.OVERLOADED: FaultRule(503, False, False, "router_overloaded"),
 }
 
 

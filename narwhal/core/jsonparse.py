@@ -4,22 +4,61 @@ Rule kept here: whatever the router parses from the network is either a JSON val
 about 200 levels deep or a ``ValueError``. The standard ``json.loads`` goes as deep as Python's
 recursion limit and then raises ``RecursionError``, which nothing expects: a client body of a
 thousand nested brackets was a 500 with a traceback, and a reply nested just below the limit
-could still make the core's recursive work (copying, validating) overflow later.
+could still make the core's recursive work (copying, validating) overflow later. A client body
+is also bounded in how many values it holds, checked before it is parsed: a few megabytes of
+tiny values (``[{},{},...]``) parse into a hundred megabytes of Python objects and keep the
+event loop busy for a second.
 
 Theory of operation: :func:`parse_json` is ``pydantic_core.from_json`` (pydantic's own Rust parser,
 with a fixed recursion bound). It gives the same values as ``json.loads`` for every document the
 router handles (``NaN`` and ``Infinity`` are accepted like ``json.loads`` does; a duplicate key
 keeps its last value); it refuses lone UTF-16 surrogates (``"\\ud800"``), which ``json.loads`` lets
-through.
+through. :func:`parse_bounded_json` first counts the values: outside strings, every value but
+the first follows a comma or is the first item of a non-empty container, so the count is
+``1 + commas + containers - empty containers`` (an empty one written ``[]`` or ``{}``; one with
+whitespace inside counts as one more value). Counting over the raw bytes is a few
+``bytes.count``: commas and brackets inside strings can only make that count higher (each
+``[]`` inside a string also holds a ``[``), so only when it is over the bound are the strings
+replaced by a one-byte stand-in and the count taken again, exactly.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic_core import from_json
 
+# a JSON string: quotes around anything but quotes and backslashes, or escapes
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+class TooManyValues(ValueError):
+    """A body holds more JSON values than the bound; the message says how many are allowed."""
+
 
 def parse_json(raw: bytes | str) -> Any:
     """The JSON value of ``raw``; ``ValueError`` when it is not JSON or nests too deeply."""
+    return from_json(raw)
+
+
+def _structural(text: bytes) -> int:
+    opened = text.count(b"[") + text.count(b"{")
+    return 1 + text.count(b",") + opened - text.count(b"[]") - text.count(b"{}")
+
+
+def value_bound(raw: bytes, limit: int) -> int:
+    """An upper bound on the JSON values in ``raw``, exact once it is over ``limit`` (for valid
+    JSON whose empty containers are written ``[]`` and ``{}``); keys are not values."""
+    quick = _structural(raw)
+    if quick <= limit:
+        return quick
+    return _structural(_STRING.sub(b"0", raw))
+
+
+def parse_bounded_json(raw: bytes, max_values: int) -> Any:
+    """:func:`parse_json` of a client body of at most ``max_values`` JSON values;
+    :class:`TooManyValues` (before parsing) when it holds more."""
+    if value_bound(raw, max_values) > max_values:
+        raise TooManyValues(f"request body holds more than {max_values} JSON values")
     return from_json(raw)

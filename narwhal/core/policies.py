@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from narwhal.core.admission import Admission
 from narwhal.core.breaker import Breaker
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.placement import Placement
@@ -17,7 +18,7 @@ from narwhal.core.retry import RetryBudget
 
 
 class Policies:
-    """Breaker, placement, retry budget, id source and decision log of one router."""
+    """Admission, breaker, placement, retry budget, id source and decision log of one router."""
 
     def __init__(
         self,
@@ -45,6 +46,7 @@ class Policies:
             config.recovery.retry_budget_ratio, config.recovery.retry_budget_min
         )
         self._ids = random.Random(root.getrandbits(64))
+        self.admission = Admission(config.admission, self.log)
         # read on every request; the configuration does not change under a router
         self.kv_connector = config.kv_connector
         self._side_channels = {entry.url: entry.kv_endpoint for entry in config.engines}

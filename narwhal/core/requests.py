@@ -2,7 +2,9 @@
 
 Rule kept here: client-supplied ``kv_transfer_params`` never reach an engine — they are dropped
 when the request is parsed, before anything else sees it. Bodies are built from the parsed
-request only.
+request only. A request's body is never changed once parsed: the leg bodies are new top-level
+objects that share the request's values (the prompt, the messages) rather than copy them, so a
+large body is held once however many attempts and legs it takes.
 
 Theory of operation: :func:`parse_client_request` checks the OpenAI shape just enough to route it
 (the engine validates the rest and its 4xx is passed through). :func:`prefill_body` makes the
@@ -56,24 +58,40 @@ def _positive_int(body: dict[str, Any], key: str) -> None:
         raise BadRequest(f"'{key}' must be a positive integer, got {value!r}")
 
 
-def _non_finite(value: Any, path: str) -> str | None:
-    """The path of the first NaN or infinite number in a JSON value (None: all finite).
+_NESTED_OR_FLOAT = (float, dict, list)  # what may hold a non-finite number
+
+
+def _non_finite(value: Any) -> list[str | int] | None:
+    """The path (innermost part first) to the first NaN or infinite number in a JSON value, or
+    None when every number is finite. The path is built only once one is found.
 
     JSON has no such numbers, but parsers accept ``NaN``, ``Infinity`` and overflowing literals
     (``1e400``); no engine body can carry them, so the request is refused up front."""
     if isinstance(value, float):
-        return None if math.isfinite(value) else path
+        return None if math.isfinite(value) else []
     if isinstance(value, dict):
         for key, item in value.items():
-            found = _non_finite(item, f"{path}.{key}" if path else str(key))
-            if found is not None:
-                return found
+            if isinstance(item, _NESTED_OR_FLOAT):
+                found = _non_finite(item)
+                if found is not None:
+                    found.append(str(key))
+                    return found
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            found = _non_finite(item, f"{path}[{index}]")
-            if found is not None:
-                return found
+            if isinstance(item, _NESTED_OR_FLOAT):
+                found = _non_finite(item)
+                if found is not None:
+                    found.append(index)
+                    return found
     return None
+
+
+def _path(parts: list[str | int]) -> str:
+    """``logit_bias.5`` / ``x[1]`` from the innermost-first parts :func:`_non_finite` gives."""
+    path = ""
+    for part in reversed(parts):
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
+    return path
 
 
 def _single_prompt(prompt: list[Any]) -> bool:
@@ -84,9 +102,13 @@ def _single_prompt(prompt: list[Any]) -> bool:
 
 
 def parse_client_request(
-    endpoint: str, body: object, *, request_id: str, arrival: float
+    endpoint: str, body: object, *, request_id: str, arrival: float, detach: bool = True
 ) -> ClientRequest:
-    """Validate the routing-relevant shape of a client body; raise :class:`BadRequest`."""
+    """Validate the routing-relevant shape of a client body; raise :class:`BadRequest`.
+
+    ``detach=False``: the request takes the body's values as they are, without a copy; for a
+    body the caller has just parsed and holds nowhere else (the live router's), since a deep
+    copy of a large body costs as much memory and time as parsing it again."""
     if endpoint not in ENDPOINTS:
         raise BadRequest(f"unsupported endpoint {endpoint!r}")
     if not isinstance(body, dict):
@@ -111,16 +133,20 @@ def parse_client_request(
     _positive_int(body, "max_tokens")
     _positive_int(body, "max_completion_tokens")
     _positive_int(body, "n")
-    bad_number = _non_finite(body, "")
+    bad_number = _non_finite(body)
     if bad_number is not None:
-        raise BadRequest(f"'{bad_number}' must be a finite number (JSON has no NaN or Infinity)")
-    clean = {k: json_copy(v) for k, v in body.items() if k != "kv_transfer_params"}
+        where = _path(bad_number)
+        raise BadRequest(f"'{where}' must be a finite number (JSON has no NaN or Infinity)")
+    if detach:
+        clean = {k: json_copy(v) for k, v in body.items() if k != "kv_transfer_params"}
+    else:
+        clean = {k: v for k, v in body.items() if k != "kv_transfer_params"}
     return ClientRequest(request_id=request_id, endpoint=endpoint, body=clean, arrival=arrival)
 
 
 def prefill_body(request: ClientRequest, kv_params: dict[str, Any]) -> dict[str, Any]:
     """The producer leg: one token, not streamed; the token is discarded."""
-    body = {k: json_copy(v) for k, v in request.body.items() if k not in _PREFILL_DROPPED}
+    body = {k: v for k, v in request.body.items() if k not in _PREFILL_DROPPED}
     body["stream"] = False
     body["max_tokens"] = 1
     if "max_completion_tokens" in request.body:
@@ -134,7 +160,7 @@ def decode_body(request: ClientRequest, descriptor: dict[str, Any] | None) -> di
 
     ``descriptor=None`` is same-worker decode: no transfer parameters at all.
     """
-    body = json_copy(request.body)
+    body = dict(request.body)
     body["stream"] = True
     if not request.stream:
         body["stream_options"] = {"include_usage": True}

@@ -25,6 +25,7 @@ SCENARIO_KEYS = (
     "description",
     "engine",
     "recovery",
+    "admission",
     "engine_contract",
     "engines",
     "fleet",

@@ -3,14 +3,17 @@
 Rule kept here: this module is a thin driver. It parses HTTP into the core's values, hands each
 request to :func:`narwhal.core.lifecycle.serve_request` and the fleet to
 :func:`narwhal.core.probe.maintenance_loop`, both unchanged, and reports what the core recorded.
-It makes no routing, timeout, breaker or retry decision of its own; the only statuses it
-chooses are for requests the core never sees (401 bad key, 413 body too large, 400 malformed
-JSON or a request the core's parser refuses).
+It makes no routing, timeout, breaker, retry or admission decision of its own; the only statuses
+it chooses are for requests the core never sees (401 bad key, 413 body too large or holding too
+many JSON values, 400 malformed JSON or a request the core's parser refuses).
 
 Theory of operation: the lifespan opens the httpx transport and a task group; the task group is
 the core's ``spawn`` port (probes, health checks, load scrapes) and runs the maintenance loop
 and the load scrape loop (:mod:`narwhal.core.loadscrape`, idle unless a phase is placed by
-``least_loaded``). Each inference request runs in its own task group next to a watcher of
+``least_loaded``). Each inference request first takes an admission slot
+(``Policies.admission``; refused: the core's 503 with Retry-After,
+:func:`narwhal.core.entry.refuse`), held until it ends, then reads and parses its body once
+within ``[admission]``'s bounds, and runs in its own task group next to a watcher of
 ``receive()``: a client disconnect cancels the lifecycle, whose ``finally`` releases every
 reservation and abandoned handoff. Every finished request yields one
 :class:`~narwhal.core.records.RequestRecord` (through ``Policies(on_record=...)``), which feeds
@@ -40,20 +43,26 @@ from starlette.types import Receive, Scope, Send
 
 from narwhal.core import wire
 from narwhal.core.config import NarwhalConfig
-from narwhal.core.jsonparse import parse_json
+from narwhal.core.entry import refuse
+from narwhal.core.jsonparse import TooManyValues, parse_bounded_json, parse_json
 from narwhal.core.lifecycle import serve_request
 from narwhal.core.loadscrape import load_scrape_loop
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports, Reply
 from narwhal.core.probe import maintenance_loop
 from narwhal.core.records import DecisionLog, RequestRecord
-from narwhal.core.requests import CHAT, COMPLETIONS, BadRequest, parse_client_request
+from narwhal.core.requests import (
+    CHAT,
+    COMPLETIONS,
+    BadRequest,
+    ClientRequest,
+    parse_client_request,
+)
 from narwhal.live.clock import AnyioClock, to_wall
 from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.sink import AsgiSink, run_with_disconnect
 from narwhal.live.transport import HttpxTransport
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
 FLEET_QUERY_TIMEOUT_S = 2.0
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 # A client's X-Request-Id is kept when it is a short token of these characters (what request
@@ -84,7 +93,6 @@ class Router:
         *,
         seed: int = 0,
         api_key: str | None = None,
-        max_body_bytes: int = MAX_BODY_BYTES,
         tick_s: float | None = None,
         announce: Callable[[str], None] | None = None,
     ) -> None:
@@ -95,7 +103,6 @@ class Router:
         self.policies = Policies(config, seed=seed, log=decisions, on_record=self._on_record)
         self.metrics.attach(self.policies, self.clock)
         self._api_key = api_key or None
-        self._max_body = max_body_bytes
         self._tick_s = tick_s
         self._announce = announce
         self._stopping = False
@@ -351,25 +358,53 @@ class _Inference:
         if not router.authorized(headers):
             await router.unauthorized()(scope, receive, send)
             return
-        raw = await self._read_body(receive, headers, sink)
-        if raw is None:
+        admission = router.policies.admission
+        if not admission.try_admit(arrival, request_id):  # before the body is read
+            await refuse(request_id, arrival, router.ports, router.policies, sink)
             return
         try:
-            body = parse_json(raw)
+            request = await self._read_request(receive, headers, sink, request_id, arrival)
+            if request is not None:
+                await self._serve(request, receive, send, sink)
+        finally:
+            admission.release()
+
+    async def _read_request(
+        self, receive: Receive, headers: Headers, sink: AsgiSink, request_id: str, arrival: float
+    ) -> ClientRequest | None:
+        """The client's request, or None once it has been answered (413, 400) or left.
+
+        The body is parsed once and handed to the core as it is (no copy); the raw bytes and
+        the parsed top level are dropped when this returns."""
+        raw = await self._read_body(receive, headers, sink)
+        if raw is None:
+            return None
+        admission = self.router.config.admission
+        try:
+            body = parse_bounded_json(raw, admission.max_json_values)
+        except TooManyValues as error:
+            message = f"{error} (admission.max_json_values)"
+            await sink.respond(413, wire.error_object(413, message, "invalid_request_error"), {})
+            return None
         except ValueError as error:
             await sink.respond(
                 400,
                 wire.error_object(400, f"malformed JSON body: {error}", "invalid_request_error"),
                 {},
             )
-            return
+            return None
         try:
-            request = parse_client_request(
-                self.endpoint, body, request_id=request_id, arrival=arrival
+            return parse_client_request(
+                self.endpoint, body, request_id=request_id, arrival=arrival, detach=False
             )
         except BadRequest as error:
             await sink.respond(400, wire.error_object(400, str(error), "invalid_request_error"), {})
-            return
+            return None
+
+    async def _serve(
+        self, request: ClientRequest, receive: Receive, send: Send, sink: AsgiSink
+    ) -> None:
+        router = self.router
 
         async def work() -> None:
             await serve_request(request, router.ports, router.policies, sink)
@@ -385,9 +420,11 @@ class _Inference:
                 await _answer_shutdown(sink, send)
 
     async def _read_body(self, receive: Receive, headers: Headers, sink: AsgiSink) -> bytes | None:
-        limit = self.router._max_body
+        limit = self.router.config.admission.max_body_bytes
         too_large = wire.error_object(
-            413, f"request body larger than {limit} bytes", "invalid_request_error"
+            413,
+            f"request body larger than {limit} bytes (admission.max_body_bytes)",
+            "invalid_request_error",
         )
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:

@@ -32,6 +32,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from narwhal import __version__
+from narwhal.core.admission import REFUSED
 from narwhal.core.breaker import EngineState
 from narwhal.core.policies import Policies
 from narwhal.core.records import Decision, RequestRecord
@@ -92,6 +93,17 @@ class _FleetCollector:
             "narwhal_retries_in_flight",
             "retries holding retry budget",
             value=float(budget.active_retries),
+        )
+        admission = policies.admission
+        yield GaugeMetricFamily(
+            "narwhal_admission_in_flight",
+            "requests holding an admission slot (from arrival, body read included)",
+            value=float(admission.in_flight),
+        )
+        yield GaugeMetricFamily(
+            "narwhal_admission_limit",
+            "admission.max_requests_in_flight",
+            value=float(admission.limit),
         )
         yield from _routing_families(policies, now)
 
@@ -237,6 +249,11 @@ class RouterMetrics:
         self.stale = Counter(
             "narwhal_stale_results", "late results ignored by the breaker", ["engine"], registry=r
         )
+        self.admission_refused = Counter(
+            "narwhal_admission_refused",
+            "requests refused (503) at admission.max_requests_in_flight: the router's own",
+            registry=r,
+        )
 
     def attach(self, policies: Policies, clock: AnyioClock) -> None:
         """Start collecting the fleet gauges of ``policies``."""
@@ -281,6 +298,8 @@ class RouterMetrics:
             log.warning("load report of %s ignored: %s", engine, detail.get("reason"))
         elif kind == "load_report_resumed":
             log.info("load reports of %s resumed", engine)
+        elif kind == REFUSED:
+            self.admission_refused.inc()
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
@@ -317,6 +336,12 @@ def status_document(policies: Policies, clock: AnyioClock) -> dict[str, Any]:
         "prefills": policies.placement.prefill_routes.as_dict(),
         "requests_in_flight": policies.budget.active_requests,
         "retries_in_flight": policies.budget.active_retries,
+        # the router's own bound: slots held (from arrival, body read included) and refusals
+        "admission": {
+            "in_flight": policies.admission.in_flight,
+            "max_requests_in_flight": policies.admission.limit,
+            "refused": policies.admission.refused,
+        },
         "time": clock.wall(),
     }
 

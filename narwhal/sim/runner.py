@@ -1,14 +1,15 @@
 """The runner: builds a simulated fleet from a scenario and runs the core against it.
 
 Rule kept here: the runner wires, it does not decide. Requests are served by
-:func:`narwhal.core.lifecycle.serve_request` and probes/health checks by
+:func:`narwhal.core.entry.serve_admitted` (the router's admission bound, then
+:func:`narwhal.core.lifecycle.serve_request`) and probes/health checks by
 :func:`narwhal.core.probe.maintenance_loop`, unchanged, through the ports of
 :mod:`narwhal.sim.driver`; the runner only feeds arrivals, flips faults and observes.
 
 Theory of operation: one seed makes the run. It is split into independent RNGs (workload,
 faults, one per engine, the router's policies), so changing one part never shifts another's
-draws. Arrivals come from one SimPy process; each starts a task running ``serve_request``
-whose record the core hands to ``policies.on_record``. A sampler process snapshots every
+draws. Arrivals come from one SimPy process; each starts a task running ``serve_admitted``, whose
+record the core hands to ``policies.on_record``. A sampler process snapshots every
 engine (router-side breaker state and reservations, engine-side condition and queues) every
 ``sim.sample_interval_s``. The run ends when the last request has its record (the maintenance
 loop is then told to stop); :class:`RunResult` carries everything :mod:`narwhal.sim.results`
@@ -26,7 +27,7 @@ from typing import Any
 
 import simpy
 
-from narwhal.core.lifecycle import serve_request
+from narwhal.core.entry import serve_admitted
 from narwhal.core.policies import Policies
 from narwhal.core.probe import maintenance_loop
 from narwhal.core.records import DecisionLog, RequestRecord
@@ -162,7 +163,7 @@ def run(
                 body = {"model": model, "prompt": text, "max_tokens": arrival.output}
             body["stream"] = stream
             request = ClientRequest(f"req-{i}", endpoint, body, float(env.now))
-            start(env, serve_request(request, ports, policies, SINK))
+            start(env, serve_admitted(request, ports, policies, SINK))
 
     samples: list[dict[str, Any]] = []
 

@@ -35,7 +35,7 @@ from narwhal.sim.timing import (
 )
 from narwhal.sim.workload import WorkloadSettings
 
-ROUTER_KEYS = ("engine", "recovery", "routing", "engine_contract", "engines")
+ROUTER_KEYS = ("engine", "recovery", "routing", "admission", "engine_contract", "engines")
 DEFAULT_SCENARIO = "default.toml"
 
 

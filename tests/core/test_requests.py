@@ -130,3 +130,23 @@ def test_any_body_is_parsed_or_refused_and_never_carries_client_kv_params(
         if isinstance(value, list | dict):
             value.clear()
     assert repr(request.body) == before
+
+
+def test_an_owned_body_is_taken_as_is_and_its_legs_share_it() -> None:
+    messages = [{"role": "user", "content": "x" * 1000}]
+    body = {"messages": messages, "max_tokens": 3, "kv_transfer_params": {"remote_host": "evil"}}
+    request = parse_client_request(CHAT, body, request_id="r", arrival=0.0, detach=False)
+    assert request.body["messages"] is messages  # no copy of what the router just parsed
+    assert "kv_transfer_params" not in request.body and "kv_transfer_params" in body
+    before = repr(request.body)
+    prefill = prefill_body(request, {"do_remote_decode": True})
+    decode = decode_body(request, {"remote_engine_id": "e"})
+    assert prefill["messages"] is messages and decode["messages"] is messages
+    assert prefill["max_tokens"] == 1 and decode["stream"] is True
+    assert repr(request.body) == before  # building the legs changed nothing of the request
+
+
+def test_the_first_non_finite_number_is_named_by_its_path() -> None:
+    body = {"prompt": "x", "a": [0.5, {"b": [1, 2.5, float("nan")]}], "c": float("inf")}
+    with pytest.raises(BadRequest, match=r"^'a\[1\]\.b\[2\]' must be a finite number"):
+        parse(body)

@@ -164,7 +164,8 @@ def start_router(
     routing: dict[str, Any] | None = None,
     api_key: str | None = None,
     seed: int = 0,
-    max_body_bytes: int = 4 * 1024 * 1024,
+    max_body_bytes: int | None = None,
+    admission: dict[str, Any] | None = None,
     announce: Callable[[str], None] | None = None,
 ) -> RouterHandle:
     """A live router on a free loopback port, with short test timeouts (:data:`FAST_ENGINE`)."""
@@ -177,12 +178,14 @@ def start_router(
         data["engine_contract"] = contract
     if routing is not None:
         data["routing"] = routing
+    data["admission"] = dict(admission or {})
+    if max_body_bytes is not None:
+        data["admission"]["max_body_bytes"] = max_body_bytes
     app = Router(
         parse_config(data),
         seed=seed,
         api_key=api_key,
         tick_s=0.02,
-        max_body_bytes=max_body_bytes,
         announce=announce,
     )
     sock = bind("127.0.0.1", 0)

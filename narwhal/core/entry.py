@@ -1,0 +1,71 @@
+"""A client request's entry: admission first, then the lifecycle, for both worlds.
+
+Rule kept here: a request the router's admission bound refuses
+(:class:`~narwhal.core.admission.Admission`) is answered at once with 503 and ``Retry-After:
+admission.retry_after_s``, in OpenAI's error shape, and gets one record (outcome ``overloaded``,
+attempts 0, no engines): it never reaches placement, so no engine is charged for it.
+
+Theory of operation: the simulator runs :func:`serve_admitted` for each arrival (admit, serve,
+release). The live router admits at request entry itself, so a slot also covers the time and
+memory of reading and parsing the body, and calls :func:`refuse` and
+:meth:`~narwhal.core.admission.Admission.release` around its own reading and parsing.
+
+Why 503 and not 429: the bound is the router's capacity, not something one client did (429 is
+"the user has sent too many requests", RFC 6585); 503 is "temporarily overloaded" (RFC 9110,
+with ``Retry-After``), what Envoy answers when a circuit breaker's ``max_requests`` overflows,
+and what Narwhal already answers, with ``Retry-After``, when no engine can serve. Clients retry
+both (the OpenAI SDK retries 429 and 5xx, honouring ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+from narwhal.core.errors import FaultKind, fault
+from narwhal.core.lifecycle import CLIENT_GONE_STATUS, serve_request
+from narwhal.core.policies import Policies
+from narwhal.core.ports import ClientGone, ClientSink, Ports
+from narwhal.core.records import RequestRecord
+from narwhal.core.requests import ClientRequest
+
+
+async def refuse(
+    request_id: str, arrival: float, ports: Ports, policies: Policies, sink: ClientSink
+) -> RequestRecord:
+    """Answer a request :meth:`Admission.try_admit` refused: 503 + Retry-After, one record."""
+    admission = policies.admission
+    failure = fault(FaultKind.OVERLOADED, admission.message(), engine=None, phase="admission")
+    status, outcome = failure.status, failure.kind.value
+    try:
+        headers = {"retry-after": str(admission.retry_after_s)}
+        await sink.respond(status, failure.error_body(), headers)
+    except ClientGone:
+        status, outcome = CLIENT_GONE_STATUS, "client_gone"
+    now = ports.clock.now()
+    record = RequestRecord(
+        request_id=request_id,
+        arrival=arrival,
+        status=status,
+        outcome=outcome,
+        committed=False,
+        ttft_s=None,
+        first_byte_s=None,
+        finished_s=now - arrival,
+        attempts=0,
+        engines=(),
+        output_tokens=0,
+        error=failure.message,
+    )
+    policies.on_record(record)
+    return record
+
+
+async def serve_admitted(
+    request: ClientRequest, ports: Ports, policies: Policies, sink: ClientSink
+) -> RequestRecord:
+    """Serve ``request`` if admission lets it in, else refuse it (the simulator's entry)."""
+    admission = policies.admission
+    if not admission.try_admit(request.arrival, request.request_id):
+        return await refuse(request.request_id, request.arrival, ports, policies, sink)
+    try:
+        return await serve_request(request, ports, policies, sink)
+    finally:
+        admission.release()
