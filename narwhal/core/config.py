@@ -103,6 +103,14 @@ class RecoverySettings(_Strict):
     probe_interval_s: Annotated[Duration, Field(ge=0.01)] = 5.0
 
 
+class ClientSettings(_Strict):
+    """How long the router waits on a client that does not read what it is sent (seconds)."""
+
+    # the longest one write to the client may stay blocked (the client's receive window full);
+    # then the client is cut off, as its own fault. 0: only the request deadline bounds it
+    write_timeout_s: DurationOrOff = 30.0
+
+
 class EngineContract(_Strict):
     """What every engine must be; checked by preflight and on breaker readmission."""
 
@@ -222,6 +230,7 @@ class NarwhalConfig(_Strict):
     engine: EngineSettings = EngineSettings()
     recovery: RecoverySettings = RecoverySettings()
     routing: RoutingSettings = RoutingSettings()
+    client: ClientSettings = ClientSettings()
     engine_contract: EngineContract | None = None
     engines: list[EngineEntry] = Field(min_length=1)
 
