@@ -135,9 +135,28 @@ class AsgiSink:
         )
 
     async def send(self, data: bytes, deadline: float = math.inf) -> WriteResult:
-        return await self._emit(
-            {"type": "http.response.body", "body": data, "more_body": True}, deadline
-        )
+        # _emit inlined: this runs once per streamed chunk
+        if self.gone:
+            raise ClientGone()
+        if self.cut:
+            return _TIMED_OUT
+        timer = self._timer
+        task = timer.begin(deadline)
+        cancelling = task.cancelling()
+        try:
+            await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        except OSError as error:
+            self.gone = True
+            raise ClientGone() from error
+        except asyncio.CancelledError:
+            if timer.timed_out(task, cancelling):
+                self.cut = True
+                timer.disarm()
+                return _TIMED_OUT
+            raise
+        finally:
+            timer.waiter = None
+        return None
 
     async def finish(self) -> None:
         """End a committed body (no-op when the response is complete, never began, or was cut),
