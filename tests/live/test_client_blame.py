@@ -5,9 +5,11 @@ that does not read, releasing everything.
 The slow client is a raw socket with a small receive window, so the router's writes to it block
 (the router's own send buffer is kept small too: ``send_buffer``, else loopback buffers take
 megabytes before a write waits). The engine is an emulator streaming at a steady pace, with
-``eject_after = 1``, so one wrongly charged fault would eject it. Each test's pause is the
-scenario itself (a client that stops reading, a blocked loop); every wait for an outcome is a
-bounded poll.
+``eject_after = 1``, so one wrongly charged fault would eject it (the cut-off tests use an
+unpaced one, so that the router blocks long before the deadline whatever the machine's speed).
+A client pauses until the router's writes to it block (a bounded poll), then for three silence
+timeouts: that pause, like the blocked loop, is the scenario itself; every wait for an outcome
+is a bounded poll.
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ from narwhal.emulator.timing import LinearTiming
 from tests.live.conftest import FAST_ENGINE, Emulator, RouterHandle, metric_value
 
 PACED = LinearTiming(decode_s_per_token=0.0005)  # a long stream at a steady pace
+UNPACED = LinearTiming()  # as fast as the emulator goes: the router's writes block at once
 SMALL_BUFFER = 8192
 SILENCE_S = FAST_ENGINE["decode_read_timeout_s"]
+# Tokens the engine has generated once the router's writes to a paused client surely block:
+# about 100 KB of events fill the router's write buffer (uvicorn's high-water mark, 64 KiB) and
+# the small kernel buffers on both sides; an event is about 215 bytes.
+BLOCKED_AFTER_TOKENS = 800
 
 
 class SlowReader:
@@ -67,10 +74,13 @@ class SlowReader:
         self.sock.close()
 
 
-def paced_fleet(
-    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle], **router_options: Any
+def fleet(
+    emulator: Callable[..., Emulator],
+    router: Callable[..., RouterHandle],
+    timing: LinearTiming = PACED,
+    **router_options: Any,
 ) -> tuple[Emulator, RouterHandle]:
-    engine = emulator(role="both", timing=PACED, max_model_len=100_000)
+    engine = emulator(role="both", timing=timing, max_model_len=100_000)
     handle = router(
         [{"url": engine.url, "role": "both"}],
         recovery={"eject_after": 1},
@@ -78,6 +88,13 @@ def paced_fleet(
         **router_options,
     )
     return engine, handle
+
+
+def pause_while_the_router_is_blocked(handle: RouterHandle, engine: Emulator) -> None:
+    """The paused client stays paused until the router's writes to it block (the engine has
+    generated well past what the buffers take), then for three silence timeouts more."""
+    handle.wait_for(lambda: engine.state()["generation_tokens"] >= BLOCKED_AFTER_TOKENS)
+    time.sleep(3 * SILENCE_S)  # the scenario: blocked three times as long as silence allows
 
 
 def decisions(handle: RouterHandle, kind: str) -> list[dict[str, Any]]:
@@ -99,15 +116,15 @@ def all_released(handle: RouterHandle, engine: Emulator) -> bool:
 def test_a_slow_reader_blocks_the_router_but_the_engine_stays_ready(
     emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
 ) -> None:
-    engine, handle = paced_fleet(emulator, router)
-    client = SlowReader(handle.url, {"prompt": "hello", "max_tokens": 1500, "stream": True})
+    engine, handle = fleet(emulator, router)
+    client = SlowReader(handle.url, {"prompt": "hello", "max_tokens": 1200, "stream": True})
     try:
         assert b" 200 " in client.read_head()
-        time.sleep(1.2)  # the client stops reading for four silence timeouts
+        pause_while_the_router_is_blocked(handle, engine)
         body = client.read_to_end()
     finally:
         client.close()
-    assert body.count(b'"text":') == 1500 and b"data: [DONE]" in body
+    assert body.count(b'"text":') == 1200 and b"data: [DONE]" in body
     assert b'"error"' not in body
     blocked = decisions(handle, "client_blocked")
     assert blocked and max(d["blocked_s"] for d in blocked) > SILENCE_S  # the router waited
@@ -119,13 +136,13 @@ def test_a_slow_reader_blocks_the_router_but_the_engine_stays_ready(
 def test_a_client_that_pauses_then_closes_charges_no_engine(
     emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
 ) -> None:
-    engine, handle = paced_fleet(emulator, router)
+    engine, handle = fleet(emulator, router)
     client = SlowReader(handle.url, {"prompt": "hello", "max_tokens": 5000, "stream": True})
     try:
         client.read_head()
-        time.sleep(1.2)  # it stops reading, then goes away
+        pause_while_the_router_is_blocked(handle, engine)
     finally:
-        client.close()
+        client.close()  # then it goes away
     handle.wait_for(lambda: all_released(handle, engine))
     assert_engine_unblamed(handle, engine)
     assert decisions(handle, "client_blocked")  # the router did wait on it
@@ -137,8 +154,12 @@ def test_a_non_reading_client_is_cut_off_at_the_request_deadline(
     emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
 ) -> None:
     deadline_s = 1.0
-    engine, handle = paced_fleet(
-        emulator, router, engine={"request_timeout_s": deadline_s}, client={"write_timeout_s": 30}
+    engine, handle = fleet(
+        emulator,
+        router,
+        UNPACED,
+        engine={"request_timeout_s": deadline_s},
+        client={"write_timeout_s": 30},
     )
     started = time.monotonic()
     client = SlowReader(handle.url, {"prompt": "hello", "max_tokens": 20_000, "stream": True})
@@ -161,9 +182,10 @@ def test_a_client_blocked_past_the_write_timeout_is_cut_off_as_its_own_fault(
     emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
 ) -> None:
     write_timeout_s = 0.5
-    engine, handle = paced_fleet(
+    engine, handle = fleet(
         emulator,
         router,
+        UNPACED,
         engine={"request_timeout_s": 10.0},
         client={"write_timeout_s": write_timeout_s},
     )
