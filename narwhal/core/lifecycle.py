@@ -193,6 +193,11 @@ class _Lifecycle:
         at = self.deadline.at
         return at if timeout <= 0 else min(at, now + timeout)
 
+    async def _commit(self, now: float) -> None:
+        until = self._write_deadline(now)
+        if await self.sink.commit(dict(SSE_HEADERS), until) is not None:
+            raise _ClientCut(until)
+
     async def _send(self, data: bytes, now: float) -> None:
         until = self._write_deadline(now)
         if await self.sink.send(data, until) is not None:
@@ -375,9 +380,7 @@ class _Lifecycle:
                         self.got_token = True
                         self.first_byte_s = at - self.request.arrival
                         if assembler is None:
-                            until = self._write_deadline(now)
-                            if await self.sink.commit(dict(SSE_HEADERS), until) is not None:
-                                raise _ClientCut(until)
+                            await self._commit(now)
                             self.committed = True
                             out += pending_metadata
                     self.tokens += 1
@@ -400,14 +403,14 @@ class _Lifecycle:
                     return None
             if out:
                 await self._send(b"".join(out), now)
-                resumed = clock.now()
-                if resumed > now and leg.resumed(resumed):  # the write took time: not silence
+                back_at = clock.now()
+                if back_at > now and leg.resumed(back_at):  # the write took time: not silence
                     self.policies.log.add(
-                        resumed,
+                        back_at,
                         "client_blocked",
                         None,
                         request=self.request.request_id,
-                        blocked_s=resumed - now,
+                        blocked_s=back_at - now,
                     )
             if leg.fault is not None:
                 return leg.fault
