@@ -63,8 +63,10 @@ class WaitTimer:
             self.handle = asyncio.get_running_loop().call_later(
                 max(0.0, deadline - self.clock.now()), self._fire
             )
-        task = self.waiter = asyncio.current_task()
-        return task  # type: ignore[return-value]  # a wait runs in a task
+        task = asyncio.current_task()
+        assert task is not None  # a wait runs in a task
+        self.waiter = task
+        return task
 
     def end(self) -> None:
         self.waiter = None
