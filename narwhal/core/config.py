@@ -120,6 +120,14 @@ class AdmissionSettings(_Strict):
     max_json_values: Annotated[Count, Field(ge=64, le=100_000_000)] = 262_144
 
 
+class ClientSettings(_Strict):
+    """How long the router waits on a client that does not read what it is sent (seconds)."""
+
+    # the longest one write to the client may stay blocked (the client's receive window full);
+    # then the client is cut off, as its own fault. 0: only the request deadline bounds it
+    write_timeout_s: DurationOrOff = 30.0
+
+
 class EngineContract(_Strict):
     """What every engine must be; checked by preflight and on breaker readmission."""
 
@@ -262,6 +270,7 @@ class NarwhalConfig(_Strict):
     recovery: RecoverySettings = RecoverySettings()
     routing: RoutingSettings = RoutingSettings()
     admission: AdmissionSettings = AdmissionSettings()
+    client: ClientSettings = ClientSettings()
     engine_contract: EngineContract | None = None
     engines: list[EngineEntry] = Field(min_length=1)
 

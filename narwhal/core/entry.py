@@ -34,9 +34,14 @@ async def refuse(
     admission = policies.admission
     failure = fault(FaultKind.OVERLOADED, admission.message(), engine=None, phase="admission")
     status, outcome = failure.status, failure.kind.value
+    config = policies.config
+    deadline = arrival + config.engine.request_timeout_s
+    if config.client.write_timeout_s:  # a client that does not read its 503 holds nothing long
+        deadline = min(deadline, ports.clock.now() + config.client.write_timeout_s)
     try:
         headers = {"retry-after": str(admission.retry_after_s)}
-        await sink.respond(status, failure.error_body(), headers)
+        if await sink.respond(status, failure.error_body(), headers, deadline) is not None:
+            status, outcome = CLIENT_GONE_STATUS, "client_gone"  # it never read the refusal
     except ClientGone:
         status, outcome = CLIENT_GONE_STATUS, "client_gone"
     now = ports.clock.now()

@@ -15,7 +15,9 @@ came, which is the request's ``ttft_s``). A :class:`DecodeLeg` is one decode str
 says what one transport read under :attr:`DecodeLeg.deadline` means (:meth:`DecodeLeg.next_read`
 awaits the read and reads it). The deadline of each read is ``first_token_at`` until the first
 generated token, then ``arrival + decode_read_timeout_s`` (or the request deadline when that is 0)
-after every chunk, never past the request deadline. A read returns its ``(arrival time, event)``
+after every chunk, never past the request deadline; after a write to the client, silence is
+measured from when the router turned back to the stream (:meth:`DecodeLeg.resumed`: the engine
+is not silent while the router is not reading it). A read returns its ``(arrival time, event)``
 pairs (tokens, metadata and the final ``[DONE]``); a read that shows a fault still returns the
 events before it and sets :attr:`DecodeLeg.fault`. The lifecycle awaits each read itself and
 forwards its events in one write; ``EngineClient`` yields them; probes and preflight only need
@@ -294,6 +296,23 @@ class DecodeLeg:
         handle, self.handle = self.handle, None
         if handle is not None:
             self.transport.close_stream(handle)
+
+    def resumed(self, at: float) -> bool:
+        """The router turned back to the stream at ``at`` after writing to the client.
+
+        The engine cannot be silent while the router is not reading it: time spent writing
+        (blocked by a client that does not read) is not engine silence, so after the first
+        token silence is measured from ``max(last chunk, at)``. True when the write outlasted
+        the silence deadline then in force, i.e. when counting it would have blamed the engine.
+        """
+        if not self.got_token or self.done or self.fault is not None:
+            return False
+        timeout = self.decode_read_timeout_s
+        if timeout <= 0 or self.deadline >= self.request_deadline:
+            return False  # the request deadline bounds the stream: it is nobody's silence
+        outlasted = at >= self.deadline
+        self.deadline = max(self.deadline, min(at + timeout, self.request_deadline))
+        return outlasted
 
     def read(self, result: ChunkResult, now: float) -> list[tuple[float, SseEvent]]:
         """The events of one read result, each with its arrival time (see the class)."""

@@ -24,6 +24,14 @@ consumer that computes the prompt itself (the contract's same-worker path).
 Faults are charged to the engine that caused them (breaker streak, quarantine); a transient fault
 before commit starts a fresh attempt (new ids, new placement, new producer ownership) when
 attempts, the deadline and the retry budget allow; otherwise the client gets the fault's status.
+
+The client is charged for what the client does. Every write to it is bounded by
+``min(request deadline, start of the write + client.write_timeout_s)``: a client that leaves a
+write blocked past that is cut off (decision ``client_cut``; outcome ``client_too_slow``, or
+``deadline`` when the request deadline came first) and the request ends there, releasing
+everything, with no engine charged. Time spent writing is not engine silence: after a write that
+took any time, silence is measured from its end (``DecodeLeg.resumed``; decision
+``client_blocked`` when the write outlasted the silence deadline).
 """
 
 from __future__ import annotations
@@ -45,12 +53,21 @@ from narwhal.core.sse import EventKind
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 CLIENT_GONE_STATUS = 499  # nginx's convention for "client closed request"
+CLIENT_TOO_SLOW_STATUS = 408  # the router gave up waiting for the client (to read)
 
 
 def _status_headers(failure: Fault, retry_after_s: float) -> dict[str, str]:
     if failure.kind is FaultKind.NO_ENGINE:
         return {"retry-after": str(max(1, round(retry_after_s)))}
     return {}
+
+
+class _ClientCut(Exception):
+    """A write to the client was still blocked at ``deadline``: the client is cut off."""
+
+    def __init__(self, deadline: float) -> None:
+        super().__init__(deadline)
+        self.deadline = deadline
 
 
 def terminal_event(failure: Fault) -> bytes:
@@ -69,6 +86,7 @@ class _Lifecycle:
         cfg = policies.config
         self.engine_cfg = cfg.engine
         self.deadline = Deadline(request.arrival + cfg.engine.request_timeout_s)
+        self.write_timeout_s = cfg.client.write_timeout_s
         self.held: list[Reservation] = []
         self.failed_engines: set[str] = set()
         self.engines: list[str] = []
@@ -121,6 +139,9 @@ class _Lifecycle:
         except ClientGone:
             self.final = (CLIENT_GONE_STATUS, "client_gone", "client disconnected")
             return self._finish_record()
+        except _ClientCut as cut:
+            self._client_cut(cut.deadline)
+            return self._finish_record()
         finally:
             self._cleanup_attempt()
             if holding_retry:
@@ -162,10 +183,58 @@ class _Lifecycle:
             committed=self.committed,
         )
         if self.committed:
-            await self.sink.send(terminal_event(failure))
+            await self._send(terminal_event(failure), now)
         else:
             headers = _status_headers(failure, self.policies.config.recovery.probe_interval_s)
-            await self.sink.respond(failure.status, failure.error_body(), headers)
+            await self._respond(failure.status, failure.error_body(), headers)
+
+    # ------------------------------------------------------------------ the client
+
+    def _write_deadline(self, now: float) -> float:
+        """The bound of a write starting at ``now``: the client's write timeout, never past the
+        request deadline."""
+        timeout = self.write_timeout_s
+        at = self.deadline.at
+        return at if timeout <= 0 else min(at, now + timeout)
+
+    async def _commit(self, now: float) -> None:
+        until = self._write_deadline(now)
+        if await self.sink.commit(dict(SSE_HEADERS), until) is not None:
+            raise _ClientCut(until)
+
+    async def _send(self, data: bytes, now: float) -> None:
+        until = self._write_deadline(now)
+        if await self.sink.send(data, until) is not None:
+            raise _ClientCut(until)
+
+    async def _respond(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+        until = self._write_deadline(self.ports.clock.now())
+        if await self.sink.respond(status, body, headers, until) is not None:
+            raise _ClientCut(until)
+
+    def _client_cut(self, until: float) -> None:
+        """A write was still blocked at ``until``: the client's fault, no engine's."""
+        by_deadline = until >= self.deadline.at
+        self.policies.log.add(
+            self.ports.clock.now(),
+            "client_cut",
+            None,
+            request=self.request.request_id,
+            reason="request_deadline" if by_deadline else "write_timeout",
+        )
+        if self.final is not None and self.final[0] != 200:
+            return  # a failure stays the failure; the client just did not read its end
+        if by_deadline:
+            late = fault(
+                FaultKind.DEADLINE,
+                "request deadline passed while the client was not reading",
+                engine=None,
+                phase="client",
+            )
+            self.final = (late.status, late.kind.value, late.message)
+        else:
+            message = f"client did not read for client.write_timeout_s ({self.write_timeout_s:g} s)"
+            self.final = (CLIENT_TOO_SLOW_STATUS, "client_too_slow", message)
 
     def _finish_record(self) -> RequestRecord:
         """Hand the request's one record to ``policies.on_record``."""
@@ -337,15 +406,16 @@ class _Lifecycle:
         clock, transport = self.ports.clock, self.ports.transport
         while True:
             result = await transport.next_chunk(leg.handle, leg.deadline)
+            now = clock.now()
             out: list[bytes] = []  # what this read forwards, sent in one write
-            for at, event in leg.read(result, clock.now()):
+            for at, event in leg.read(result, now):
                 kind = event.kind
                 if kind is EventKind.TOKEN:
                     if not self.got_token:
                         self.got_token = True
                         self.first_byte_s = at - self.request.arrival
                         if assembler is None:
-                            await self.sink.commit(dict(SSE_HEADERS))
+                            await self._commit(now)
                             self.committed = True
                             out += pending_metadata
                     self.tokens += 1
@@ -363,11 +433,20 @@ class _Lifecycle:
                         pending_metadata.append(event.wire())
                 else:  # DONE after at least one token: the reader returns nothing after it
                     if out:
-                        await self.sink.send(b"".join(out))
+                        await self._send(b"".join(out), now)
                     await self._succeed(consumer, at, event.wire(), assembler)
                     return None
             if out:
-                await self.sink.send(b"".join(out))
+                await self._send(b"".join(out), now)
+                back_at = clock.now()
+                if back_at > now and leg.resumed(back_at):  # the write took time: not silence
+                    self.policies.log.add(
+                        back_at,
+                        "client_blocked",
+                        None,
+                        request=self.request.request_id,
+                        blocked_s=back_at - now,
+                    )
             if leg.fault is not None:
                 return leg.fault
 
@@ -386,9 +465,9 @@ class _Lifecycle:
                 committed=self.committed,
             )
         if assembler is None:
-            await self.sink.send(done_wire)
+            await self._send(done_wire, self.ports.clock.now())
         else:
-            await self.sink.respond(200, assembler.result(), {})
+            await self._respond(200, assembler.result(), {})
 
 
 async def serve_request(

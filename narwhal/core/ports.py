@@ -8,10 +8,11 @@ Theory of operation: core coroutines (``async def``) await only objects returned
 ports. Live, the port methods are real coroutines scheduled by anyio. In the simulation, they
 return small awaitables that yield a request to a driver, which turns it into SimPy events and
 sends the result back. Deadlines are absolute times on the port's clock and are passed as
-arguments; core never starts timers of its own. Results are values, never exceptions, so that one
-lifecycle handles every outcome explicitly; their attributes are ``Final`` (the type checker
-refuses a write). The only exception that crosses a port is :class:`ClientGone` (the client went
-away), raised by the client sink, and whatever cancellation the driver uses; core cleans up in
+arguments; core never starts timers of its own. Writes to the client are bounded the same way
+(a deadline in, ``TimedOut`` out). Results are values, never exceptions, so that one lifecycle
+handles every outcome explicitly; their attributes are ``Final`` (the type checker refuses a
+write). The only exception that crosses a port is :class:`ClientGone` (the client went away),
+raised by the client sink, and whatever cancellation the driver uses; core cleans up in
 ``finally`` blocks with synchronous calls only.
 """
 
@@ -155,20 +156,30 @@ class Transport(Protocol):
         ...
 
 
+WriteResult = TimedOut | None
+"""A write to the client: None when written, ``TimedOut`` when it was still blocked at its
+deadline (the client did not read; nothing of it was sent)."""
+
+
 class ClientSink(Protocol):
-    """Where the response to the client goes. Raises :class:`ClientGone` if the client left."""
+    """Where the response to the client goes. Raises :class:`ClientGone` if the client left.
+
+    Every write is bounded by ``deadline``: a write the client does not make room for by then
+    is abandoned (``TimedOut``), and the sink writes nothing after that. A write whose deadline
+    has already passed is still made when it does not have to wait.
+    """
 
     def respond(
-        self, status: int, body: dict[str, Any], headers: dict[str, str]
-    ) -> Awaitable[None]:
+        self, status: int, body: dict[str, Any], headers: dict[str, str], deadline: float
+    ) -> Awaitable[WriteResult]:
         """A complete JSON response (errors before commit, non-streaming successes)."""
         ...
 
-    def commit(self, headers: dict[str, str]) -> Awaitable[None]:
+    def commit(self, headers: dict[str, str], deadline: float) -> Awaitable[WriteResult]:
         """Send HTTP 200 and SSE headers: the commit point of a streaming response."""
         ...
 
-    def send(self, data: bytes) -> Awaitable[None]:
+    def send(self, data: bytes, deadline: float) -> Awaitable[WriteResult]:
         """Send SSE bytes after commit."""
         ...
 

@@ -58,7 +58,9 @@ from narwhal.core.requests import (
     ClientRequest,
     parse_client_request,
 )
+from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock, to_wall
+from narwhal.live.lag import LagMonitor
 from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.sink import AsgiSink, run_with_disconnect
 from narwhal.live.transport import HttpxTransport
@@ -98,10 +100,12 @@ class Router:
     ) -> None:
         self.config = config
         self.clock = AnyioClock()
+        self.stalls = StallLedger()  # the event loop's stalls: they extend every deadline
         self.metrics = RouterMetrics()
         decisions = DecisionLog(on_decision=self.metrics.on_decision, keep=DECISIONS_KEPT)
         self.policies = Policies(config, seed=seed, log=decisions, on_record=self._on_record)
         self.metrics.attach(self.policies, self.clock)
+        self.metrics.attach_stalls(self.stalls)
         self._api_key = api_key or None
         self._tick_s = tick_s
         self._announce = announce
@@ -136,7 +140,9 @@ class Router:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        async with HttpxTransport(self.clock) as transport, anyio.create_task_group() as group:
+        transport_cm = HttpxTransport(self.clock, stalls=self.stalls)
+        async with transport_cm as transport, anyio.create_task_group() as group:
+            group.start_soon(LagMonitor(self.clock, self.stalls).run)
 
             def spawn(job: Callable[[], Coroutine[Any, Any, None]]) -> None:
                 async def guarded() -> None:
@@ -326,11 +332,12 @@ class _FastPath:
 
 
 SHUTDOWN_MESSAGE = "the router is shutting down; retry the request"
+SHUTDOWN_WRITE_S = 1.0  # the most a request cut short by shutdown waits to tell its client
 
 
 async def _answer_shutdown(sink: AsgiSink, send: Send) -> None:
     """End a request cut short by shutdown: 503 before the commit, a terminal event after."""
-    if sink.gone or sink.finished:
+    if sink.gone or sink.finished or sink.cut:
         return
     error = wire.error_object(503, SHUTDOWN_MESSAGE, "service_unavailable")
     log.warning("request cut short by the shutdown grace period")
@@ -354,7 +361,9 @@ class _Inference:
         arrival = router.clock.now()
         headers = Headers(scope=scope)
         request_id = router.request_id_for(headers)
-        sink = AsgiSink(send, {"x-request-id": request_id})
+        sink = AsgiSink(
+            send, {"x-request-id": request_id}, clock=router.clock, stalls=router.stalls
+        )
         if not router.authorized(headers):
             await router.unauthorized()(scope, receive, send)
             return
@@ -416,7 +425,7 @@ class _Inference:
             # The server cancels what is still running when its shutdown grace period ends:
             # the client gets a clear end (a 503, or one terminal SSE event after the 200)
             # instead of a cut connection. The core has already released everything.
-            with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(SHUTDOWN_WRITE_S, shield=True):  # a client not reading
                 await _answer_shutdown(sink, send)
 
     async def _read_body(self, receive: Receive, headers: Headers, sink: AsgiSink) -> bytes | None:

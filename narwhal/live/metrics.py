@@ -37,6 +37,7 @@ from narwhal.core.breaker import EngineState
 from narwhal.core.policies import Policies
 from narwhal.core.records import Decision, RequestRecord
 from narwhal.core.routing.prefix import PrefixAffinity
+from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock, to_wall
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -165,6 +166,25 @@ def _routing_families(policies: Policies, now: float) -> Iterator[Any]:
     yield affinity
 
 
+class _StallCollector:
+    """Scrape-time counters of the router's own event-loop stalls (its lag monitor's ledger)."""
+
+    def __init__(self, ledger: StallLedger) -> None:
+        self._ledger = ledger
+
+    def collect(self) -> Iterator[Any]:
+        yield CounterMetricFamily(
+            "narwhal_event_loop_stalls",
+            "stalls of the router's event loop (deadlines pending during one are extended)",
+            value=float(self._ledger.count),
+        )
+        yield CounterMetricFamily(
+            "narwhal_event_loop_stalled_seconds",
+            "seconds the router's event loop was stalled",
+            value=self._ledger.total_s,
+        )
+
+
 class RouterMetrics:
     """The router's Prometheus registry, fed by records and decisions."""
 
@@ -254,10 +274,25 @@ class RouterMetrics:
             "requests refused (503) at admission.max_requests_in_flight: the router's own",
             registry=r,
         )
+        self.client_blocked = Counter(
+            "narwhal_client_blocked_writes",
+            "writes to a client that outlasted the engine's silence deadline (not charged)",
+            registry=r,
+        )
+        self.client_cuts = Counter(
+            "narwhal_client_cutoffs",
+            "clients cut off for not reading (their own fault, no engine charged)",
+            ["reason"],
+            registry=r,
+        )
 
     def attach(self, policies: Policies, clock: AnyioClock) -> None:
         """Start collecting the fleet gauges of ``policies``."""
         self.registry.register(_FleetCollector(policies, clock))
+
+    def attach_stalls(self, ledger: StallLedger) -> None:
+        """Start collecting the event-loop stall counters of ``ledger``."""
+        self.registry.register(_StallCollector(ledger))
 
     def on_record(self, record: RequestRecord) -> None:
         self.requests.labels(record.outcome, str(record.status)).inc()
@@ -300,6 +335,10 @@ class RouterMetrics:
             log.info("load reports of %s resumed", engine)
         elif kind == REFUSED:
             self.admission_refused.inc()
+        elif kind == "client_blocked":
+            self.client_blocked.inc()
+        elif kind == "client_cut":
+            self.client_cuts.labels(str(detail.get("reason", ""))).inc()
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

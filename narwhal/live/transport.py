@@ -11,12 +11,13 @@ the client's default headers, a cached parsed URL, and none of ``AsyncClient``'s
 machinery (cookie jar, auth and redirect hooks, timeout merging), which Narwhal does not use; the
 ``AsyncClient`` over the same pool serves the rest (``release_handoff``). Environment proxies are
 not used (``trust_env=False``): engines are reached directly. A deadline is an absolute time on
-the clock; :meth:`call` and :meth:`open_stream` run under ``anyio.move_on_after(deadline -
-now)``, and expiry becomes ``TimedOut()``. :meth:`next_chunk` runs once per streamed chunk, so
-it uses one timer per stream instead of a cancel scope per read: the timer is armed for the
-earliest deadline asked for and, when it fires, either re-arms itself for the stream's current
-deadline or (that deadline passed while a read waits) cancels the waiting task, which the read
-turns into ``TimedOut()`` (a cancellation from anywhere else still propagates).
+the clock, kept on the time the router's event loop was running (:mod:`narwhal.live.waits`:
+the router's own stalls, measured by its lag monitor, push a pending deadline back, so a reply
+that arrived during a stall is read before the deadline is judged); :meth:`call` and
+:meth:`open_stream` run under a :class:`~narwhal.live.waits.DeadlineScope`, and expiry becomes
+``TimedOut()``. :meth:`next_chunk` runs once per streamed chunk, so it uses one
+:class:`~narwhal.live.waits.WaitTimer` per stream instead of a cancel scope per read; a read it
+ends becomes ``TimedOut()`` (a cancellation from anywhere else still propagates).
 ``httpx.ConnectError`` maps to ``ConnectFailed("refused")``, any other transport error (read,
 write, protocol) to ``ConnectFailed("reset")``. A stream whose status is not 200 is read whole
 into ``StreamOpened.body`` and closed at once.
@@ -41,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, cast
@@ -63,6 +63,8 @@ from narwhal.core.ports import (
     StreamOpened,
     TimedOut,
 )
+from narwhal.core.stalls import StallLedger
+from narwhal.live.waits import DeadlineScope, WaitTimer
 
 RELEASE_PATH = "/kv/release"
 BACKGROUND_TIMEOUT_S = 2.0
@@ -79,38 +81,19 @@ def encode_json(body: Any) -> bytes:
 class HttpStream:
     """An open upstream stream (the core's opaque stream handle)."""
 
-    __slots__ = (
-        "chunks",
-        "closed",
-        "deadline",
-        "expired",
-        "response",
-        "timer",
-        "timer_at",
-        "waiter",
-    )
+    __slots__ = ("chunks", "closed", "response", "timer")
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, timer: WaitTimer) -> None:
         self.response = response
         # the raw body, straight from the transport's stream (no decoding: SSE is never encoded)
         stream = cast(httpx.AsyncByteStream, response.stream)
         self.chunks: AsyncIterator[bytes] = stream.__aiter__()
         self.closed = False
-        self.deadline = math.inf  # of the read in progress (or the last one), on the clock
-        self.timer: asyncio.TimerHandle | None = None  # armed for ``timer_at``
-        self.timer_at = math.inf
-        self.waiter: asyncio.Task[Any] | None = None  # the task blocked in a read, if any
-        self.expired = False  # the timer cancelled ``waiter``
+        self.timer = timer  # ends a read that outlasts its deadline
 
     @property
     def status(self) -> int:
         return self.response.status_code
-
-    def disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-            self.timer_at = math.inf
 
 
 async def _drain(stream: HttpStream) -> None:
@@ -172,8 +155,10 @@ class HttpxTransport:
         *,
         max_connections: int = 1000,
         keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
+        stalls: StallLedger | None = None,
     ) -> None:
         self._clock = clock
+        self._stalls = stalls  # the router's stalls, which extend every deadline (None: exact)
         self._limits = httpx.Limits(
             max_connections=max_connections,
             max_keepalive_connections=max_connections,
@@ -252,23 +237,8 @@ class HttpxTransport:
         merged["content-type"] = "application/json"
         return httpx.Request(method, parsed, headers=merged, content=encode_json(body))
 
-    def _expire(self, stream: HttpStream) -> None:
-        """The stream's timer fired: re-arm it, or end the read that waits past its deadline."""
-        stream.timer = None
-        stream.timer_at = math.inf
-        waiter = stream.waiter
-        if waiter is None or stream.closed:
-            return  # no read waits: the next one arms the timer again
-        left = stream.deadline - self._clock.now()
-        if left > 0:
-            stream.timer_at = stream.deadline
-            stream.timer = asyncio.get_running_loop().call_later(left, self._expire, stream)
-            return
-        stream.expired = True
-        waiter.cancel()
-
-    def _timeout(self, deadline: float) -> float:
-        return max(0.0, deadline - self._clock.now())
+    def _scope(self, deadline: float) -> DeadlineScope:
+        return DeadlineScope(self._clock, self._stalls, deadline)
 
     def _background(self, job: Callable[[], Awaitable[None]]) -> None:
         async def bounded() -> None:
@@ -295,7 +265,7 @@ class HttpxTransport:
         deadline: float,
     ) -> CallResult:
         request = self._request(method, url + path, body, headers)
-        with anyio.move_on_after(self._timeout(deadline)):
+        with self._scope(deadline):
             try:
                 response = await self.http.handle_async_request(request)
                 response.request = request
@@ -321,11 +291,11 @@ class HttpxTransport:
         result: OpenResult = TimedOut()
         handed_over = False
         try:
-            with anyio.move_on_after(self._timeout(deadline)):
+            with self._scope(deadline):
                 try:
                     response = await self.http.handle_async_request(request)
                     response.request = request
-                    stream = HttpStream(response)
+                    stream = HttpStream(response, WaitTimer(self._clock, self._stalls))
                     self._open.add(stream)
                     if stream.status == 200:
                         result = StreamOpened(stream, 200)
@@ -347,16 +317,8 @@ class HttpxTransport:
         stream: HttpStream = handle
         if stream.closed:
             return StreamEnd()
-        stream.deadline = deadline
-        if deadline < stream.timer_at:  # a later timer re-arms itself when it fires
-            if stream.timer is not None:
-                stream.timer.cancel()
-            stream.timer_at = deadline
-            stream.timer = asyncio.get_running_loop().call_later(
-                max(0.0, deadline - self._clock.now()), self._expire, stream
-            )
-        task = stream.waiter = asyncio.current_task()
-        assert task is not None
+        timer = stream.timer
+        task = timer.begin(deadline)
         cancelling = task.cancelling()
         try:
             data = await stream.chunks.__anext__()
@@ -365,13 +327,11 @@ class HttpxTransport:
         except httpx.HTTPError as error:
             return _failure(error)
         except asyncio.CancelledError:
-            if stream.expired:
-                stream.expired = False
-                if task.uncancel() <= cancelling:  # our timer's, and nobody else's
-                    return TimedOut()
+            if timer.timed_out(task, cancelling):  # our timer's, and nobody else's
+                return TimedOut()
             raise
         finally:
-            stream.waiter = None
+            timer.end()
         return Chunk(data)
 
     def close_stream(self, handle: Any) -> None:
@@ -379,7 +339,7 @@ class HttpxTransport:
         if stream.closed:
             return
         stream.closed = True
-        stream.disarm()
+        stream.timer.disarm()
         self._open.discard(stream)
 
         async def close() -> None:

@@ -382,17 +382,20 @@ class SimTransport:
 
 
 class SimSink:
-    """The simulated client: it reads everything at once and never goes away."""
+    """The simulated client: it reads everything at once (no write ever waits, so none reaches
+    its deadline) and never goes away."""
 
     __slots__ = ()
 
-    def respond(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> Ready:
+    def respond(
+        self, status: int, body: dict[str, Any], headers: dict[str, str], deadline: float
+    ) -> Ready:
         return READY_NONE
 
-    def commit(self, headers: dict[str, str]) -> Ready:
+    def commit(self, headers: dict[str, str], deadline: float) -> Ready:
         return READY_NONE
 
-    def send(self, data: bytes) -> Ready:
+    def send(self, data: bytes, deadline: float) -> Ready:
         return READY_NONE
 
 

@@ -252,28 +252,73 @@ class ScriptedTransport:
 
 
 class RecordingSink:
-    """A client: records what it was sent; may leave after ``leave_after_sends`` sends."""
+    """A client: records what it was sent; may leave after ``leave_after_sends`` sends.
 
-    def __init__(self, leave_after_sends: int | None = None) -> None:
+    ``blocked`` scripts a client that does not read: write number *i* (respond, commit and send
+    counted together, from 0) waits ``blocked[i]`` seconds for the client to make room,
+    advancing ``clock``; a write that would still wait past its deadline times out there, and
+    the sink writes nothing after that (as the live sink).
+    """
+
+    def __init__(
+        self,
+        leave_after_sends: int | None = None,
+        blocked: dict[int, float] | None = None,
+        clock: VirtualClock | None = None,
+    ) -> None:
         self.status: int | None = None
         self.headers: dict[str, str] = {}
         self.body: dict[str, Any] | None = None
         self.events: list[bytes] = []
         self.leave_after_sends = leave_after_sends
+        self.blocked = dict(blocked or {})
+        self.clock = clock
+        self.writes = 0  # write calls so far
+        self.deadlines: list[float] = []  # the deadline of each write call
+        self.timed_out_at: float | None = None  # when a write timed out (the sink is cut)
 
-    async def respond(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+    def _wait(self, deadline: float) -> TimedOut | None:
+        """Wait as scripted for write number ``self.writes``; TimedOut if past ``deadline``."""
+        index = self.writes
+        self.writes += 1
+        self.deadlines.append(deadline)
+        if self.timed_out_at is not None:
+            return TimedOut()
+        block = self.blocked.get(index, 0.0)
+        if block <= 0:
+            return None
+        assert self.clock is not None, "a blocking client needs the clock"
+        if self.clock.t + block > deadline:
+            self.clock.advance_to(max(self.clock.t, deadline))
+            self.timed_out_at = self.clock.t
+            return TimedOut()
+        self.clock.advance_to(self.clock.t + block)
+        return None
+
+    async def respond(
+        self, status: int, body: dict[str, Any], headers: dict[str, str], deadline: float
+    ) -> TimedOut | None:
         assert self.status is None, "respond after the response started"
+        if (waited := self._wait(deadline)) is not None:
+            return waited
         self.status, self.body, self.headers = status, body, headers
+        return None
 
-    async def commit(self, headers: dict[str, str]) -> None:
+    async def commit(self, headers: dict[str, str], deadline: float) -> TimedOut | None:
         assert self.status is None
+        if (waited := self._wait(deadline)) is not None:
+            return waited
         self.status, self.headers = 200, headers
+        return None
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes, deadline: float) -> TimedOut | None:
         assert self.status == 200, "send before commit"
         if self.leave_after_sends is not None and len(self.events) >= self.leave_after_sends:
             raise ClientGone()
+        if (waited := self._wait(deadline)) is not None:
+            return waited
         self.events.append(data)
+        return None
 
     def sse_events(self) -> list[bytes]:
         """What the client received, cut into SSE events (one write may carry several)."""

@@ -321,3 +321,22 @@ def test_bad_disaggregation_or_scrape_keys_name_the_key(
     lines = str(error.value).splitlines()
     line = next(line for line in lines if line.strip().startswith(key + ":"))
     assert reason in line, line
+
+
+def test_client_write_timeout_default_zero_off_and_refusals() -> None:
+    assert parse_config(FLEET).client.write_timeout_s == 30.0
+    assert parse_config({**FLEET, "client": {"write_timeout_s": 0}}).client.write_timeout_s == 0
+    for bad, reason in [
+        (True, "valid number"),
+        ("30", "valid number"),
+        (float("inf"), "finite number"),
+        (-1, "greater than or equal to 0"),
+        (0.0005, "0 (off) or at least 0.001 s"),
+        (1e6, "less than or equal to 86400"),
+    ]:
+        with pytest.raises(ConfigError) as error:
+            parse_config({**FLEET, "client": {"write_timeout_s": bad}})
+        line = next(x for x in str(error.value).splitlines() if "client.write_timeout_s:" in x)
+        assert reason in line, (bad, line)
+    with pytest.raises(ConfigError, match=r"client\.write_timout_s: unknown key"):
+        parse_config({**FLEET, "client": {"write_timout_s": 1}})

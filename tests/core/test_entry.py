@@ -86,7 +86,9 @@ def test_one_past_the_bound_is_refused_at_once_and_charges_nobody() -> None:
 
 def test_a_client_gone_before_its_refusal_is_recorded_as_gone() -> None:
     class Gone(RecordingSink):
-        async def respond(self, status: int, body: Any, headers: dict[str, str]) -> None:
+        async def respond(
+            self, status: int, body: Any, headers: dict[str, str], deadline: float
+        ) -> None:
             raise ClientGone()
 
     policies, records = setup(limit=1)

@@ -65,6 +65,39 @@ def test_deadline_moves_with_each_read_after_the_first_token_only() -> None:
     assert r.deadline == 10.0  # never past the request deadline
 
 
+def test_silence_restarts_when_the_router_turns_back_after_a_write() -> None:
+    r = reader()  # silence 0.5 s, request deadline 10 s
+    assert r.resumed(0.5) is False and r.deadline == 1.0  # before the first token: unchanged
+    r.read(Chunk(TOKEN), 0.3)
+    assert r.deadline == 0.8
+    assert r.resumed(0.6) is False  # the write ended before the silence deadline
+    assert r.deadline == 1.1  # silence measured from the write's end, not from 0.3
+    assert r.resumed(1.1) is True  # ended exactly at the deadline: counting it would blame
+    assert r.deadline == 1.6
+    assert r.resumed(1.2) is False and r.deadline == 1.7
+    r.read(Chunk(TOKEN), 1.3)
+    assert r.deadline == 1.8  # a chunk still restarts it: max(last chunk, last resume)
+
+
+def test_resuming_never_moves_the_deadline_past_the_request_deadline() -> None:
+    r = reader(deadline=2.0)
+    r.read(Chunk(TOKEN), 0.3)
+    assert r.resumed(1.8) is True and r.deadline == 2.0
+    assert r.resumed(5.0) is False and r.deadline == 2.0  # the request's: nobody's silence
+    zero = reader(silence=0.0)
+    zero.read(Chunk(TOKEN), 0.3)
+    assert zero.resumed(4.0) is False and zero.deadline == 10.0
+
+
+def test_resuming_after_the_end_or_a_fault_changes_nothing() -> None:
+    done = reader()
+    done.read(Chunk(TOKEN + DONE), 0.3)
+    assert done.done and done.resumed(5.0) is False
+    failed = reader()
+    failed.read(Chunk(TOKEN + ERROR), 0.3)
+    assert failed.fault is not None and failed.resumed(5.0) is False
+
+
 def test_zero_read_timeout_means_the_request_deadline() -> None:
     r = reader(silence=0.0)
     r.read(Chunk(TOKEN), 0.3)

@@ -18,6 +18,7 @@ from narwhal.core.config import parse_config
 from narwhal.core.errors import DONE_BEFORE_TOKEN_TEXT, SILENCE_TEXT
 from narwhal.core.lifecycle import serve_request
 from narwhal.core.policies import Policies
+from narwhal.core.ports import TimedOut
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import CHAT, COMPLETIONS, parse_client_request
 from tests.core.scripted import (
@@ -86,6 +87,8 @@ def serve(
     records: list[RequestRecord] = []
     policies = Policies(config(max_attempts, **engine), seed=7, on_record=records.append)
     sink = sink or RecordingSink()
+    if sink.clock is None:
+        sink.clock = clock
     if body is None:
         body = (
             {"prompt": "hello", "max_tokens": 4}
@@ -588,15 +591,17 @@ class CancelledSink(RecordingSink):
         super().__init__()
         self.where = where
 
-    async def respond(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+    async def respond(
+        self, status: int, body: dict[str, Any], headers: dict[str, str], deadline: float
+    ) -> TimedOut | None:
         if self.where == "respond":
             raise Cancelled()
-        await super().respond(status, body, headers)
+        return await super().respond(status, body, headers, deadline)
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes, deadline: float) -> TimedOut | None:
         if (self.where == "done" and data == DONE) or (self.where == "error" and b"error" in data):
             raise Cancelled()
-        await super().send(data)
+        return await super().send(data, deadline)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ Every server is started through a fixture that stops it at teardown, so nothing 
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -167,13 +168,20 @@ def start_router(
     max_body_bytes: int | None = None,
     admission: dict[str, Any] | None = None,
     announce: Callable[[str], None] | None = None,
+    client: dict[str, Any] | None = None,
+    send_buffer: int | None = None,
 ) -> RouterHandle:
-    """A live router on a free loopback port, with short test timeouts (:data:`FAST_ENGINE`)."""
+    """A live router on a free loopback port, with short test timeouts (:data:`FAST_ENGINE`).
+
+    ``send_buffer``: the kernel send buffer of the router's client connections (small: a
+    client that stops reading blocks the router's writes after kilobytes, not megabytes)."""
     data: dict[str, Any] = {
         "engine": {**FAST_ENGINE, **(engine or {})},
         "recovery": {"probe_interval_s": 0.2, **(recovery or {})},
         "engines": engines,
     }
+    if client is not None:
+        data["client"] = client
     if contract is not None:
         data["engine_contract"] = contract
     if routing is not None:
@@ -189,6 +197,8 @@ def start_router(
         announce=announce,
     )
     sock = bind("127.0.0.1", 0)
+    if send_buffer is not None:  # accepted connections inherit it
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     server = make_router_server(app.app, graceful_s=0.2)  # as `narwhal serve` runs it
     background = servers.start(BackgroundServer(server, [sock]))
     return RouterHandle(app, background, f"http://127.0.0.1:{port_of(sock)}")

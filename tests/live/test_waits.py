@@ -1,0 +1,104 @@
+"""Deadlines on the router's attended time, over loopback: an engine answer that arrived while
+the router's event loop was stalled is read, not timed out (a health check, a prefill call, a
+stream read), while without the stall ledger the same stall times the wait out; a wait with no
+answer still ends, at its deadline pushed back by the stall and no more.
+
+The stall is a blocking call scheduled to run as soon as the wait suspends (a task that blocks
+the loop right after another one sent its request), on uvloop, the router's loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from narwhal.core.ports import Chunk, Reply, StreamOpened, TimedOut
+from narwhal.core.stalls import StallLedger
+from narwhal.emulator.timing import LinearTiming
+from narwhal.live.clock import AnyioClock
+from narwhal.live.lag import LagMonitor
+from narwhal.live.transport import HttpxTransport
+from tests.live.conftest import Emulator
+
+DEADLINE_S = 0.3  # the wait's deadline, which passes during the stall
+STALL_S = 0.5
+
+Stall = Callable[[], None]
+Wait = Callable[[HttpxTransport, AnyioClock, str, Stall], Awaitable[Any]]
+
+
+async def health_check(transport: HttpxTransport, clock: AnyioClock, url: str, stall: Stall) -> Any:
+    """``GET /health`` as the maintenance loop sends it (on a pooled connection)."""
+    await transport.call(url, "GET", "/health", None, {}, clock.now() + 5)
+    stall()
+    return await transport.call(url, "GET", "/health", None, {}, clock.now() + DEADLINE_S)
+
+
+async def prefill_call(transport: HttpxTransport, clock: AnyioClock, url: str, stall: Stall) -> Any:
+    body = {"prompt": "hello", "max_tokens": 1}
+    stall()
+    return await transport.call(url, "POST", "/v1/completions", body, {}, clock.now() + DEADLINE_S)
+
+
+async def stream_read(transport: HttpxTransport, clock: AnyioClock, url: str, stall: Stall) -> Any:
+    """A read of a stream in full flow (a token every few milliseconds)."""
+    body = {"prompt": "hello", "max_tokens": 400, "stream": True}
+    opened = await transport.open_stream(url, "/v1/completions", body, {}, clock.now() + 5)
+    assert isinstance(opened, StreamOpened) and opened.status == 200
+    try:
+        for _ in range(20):
+            assert isinstance(await transport.next_chunk(opened.handle, clock.now() + 5), Chunk)
+        stall()
+        return await transport.next_chunk(opened.handle, clock.now() + DEADLINE_S)
+    finally:
+        transport.close_stream(opened.handle)
+
+
+def run_through_a_stall(url: str, wait: Wait, ledger: StallLedger | None) -> Any:
+    """``wait``, whose measured wait is covered by a stall of the loop; on uvloop."""
+
+    async def main() -> Any:
+        clock = AnyioClock()
+        loop = asyncio.get_running_loop()
+        async with anyio.create_task_group() as group:
+            if ledger is not None:
+                group.start_soon(LagMonitor(clock, ledger).run)
+            async with HttpxTransport(clock, stalls=ledger) as transport:
+                result = await wait(
+                    transport, clock, url, lambda: loop.call_soon(time.sleep, STALL_S)
+                )
+            group.cancel_scope.cancel()
+        return result
+
+    return anyio.run(main, backend_options={"use_uvloop": True})
+
+
+@pytest.mark.parametrize("wait", [health_check, prefill_call, stream_read])
+def test_an_answer_that_came_during_a_stall_is_read_not_timed_out(
+    emulator: Callable[..., Emulator], wait: Wait
+) -> None:
+    engine = emulator(role="both", timing=LinearTiming(decode_s_per_token=0.002))
+    ledger = StallLedger()
+    assert isinstance(run_through_a_stall(engine.url, wait, ledger), Reply | Chunk)
+    # the stall was seen (a busy machine may add jitter-sized ones)
+    assert ledger.count >= 1 and ledger.total_s >= STALL_S - 0.1
+    exact = run_through_a_stall(engine.url, wait, None)
+    assert isinstance(exact, TimedOut)  # the blame the ledger takes away from the engine
+
+
+def test_a_wait_with_no_answer_ends_at_its_deadline_plus_the_stall(
+    emulator: Callable[..., Emulator],
+) -> None:
+    hung = emulator(role="both", timing=LinearTiming(overhead_s=5.0))  # answers far too late
+    ledger = StallLedger()
+    started = time.monotonic()
+    got = run_through_a_stall(hung.url, prefill_call, ledger)
+    took = time.monotonic() - started
+    assert isinstance(got, TimedOut)
+    assert ledger.count >= 1
+    # the deadline moved by the stall, no more
+    assert DEADLINE_S + STALL_S <= took < DEADLINE_S + STALL_S + 0.5
