@@ -195,6 +195,7 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         "ejections_capped": decisions.get("eject_capped", 0),
         "quarantine_fallbacks": decisions.get("quarantine_fallback", 0),
         "preemptions": sum(e["preemptions"] for e in engines.values()),
+        "prefix_cache_hit_rate": prefix_cache_hit_rate(engines),
         "fault_windows": len(result.fault_windows),
         "sim_time_s": _round(result.sim_end_s),
         "engine_utilization": {
@@ -207,6 +208,15 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         cited = TRACE_CITATION if workload.trace in BUNDLED_TRACES else "a trace file"
         summary["trace"] = f"{workload.trace}: {cited}"
     return summary
+
+
+def prefix_cache_hit_rate(engines: dict[str, dict[str, Any]]) -> float:
+    """Prompt tokens served from a prefix cache / prompt tokens looked up, over every engine
+    (vLLM's ``vllm:prefix_cache_hits / vllm:prefix_cache_queries``: a producer's prefills, a
+    consumer's pulls and local prefills); 0 when none was looked up (prefix caching off)."""
+    queries = sum(e["prefix_cache_queries"] for e in engines.values())
+    hits = sum(e["prefix_cache_hits"] for e in engines.values())
+    return round(hits / queries, 6) if queries else 0.0
 
 
 def _fmt(value: Any, unit: str = "") -> str:
@@ -259,6 +269,7 @@ def table(summary: dict[str, Any]) -> str:
             f"{summary['ejections_capped']} / {summary['quarantine_fallbacks']}",
         ),
         ("preemptions", str(summary["preemptions"])),
+        ("prefix cache hit rate", f"{100 * summary['prefix_cache_hit_rate']:.2f}%"),
         ("fault windows", str(summary["fault_windows"])),
         ("simulated time", f"{summary['sim_time_s']:.1f} s"),
     ]

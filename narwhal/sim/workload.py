@@ -36,6 +36,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from narwhal.sim.gpu.prefix import Segments
+
 BUNDLED_TRACES = {
     "azure2023_conv": "azure2023_conv.csv",
     "azure2023_code": "azure2023_code.csv",
@@ -49,6 +51,9 @@ class Arrival:
     t: float
     prompt: int
     output: int
+    # the prompt's content identity: (chained segment id, tokens) from its start, the tokens
+    # summing to ``prompt``; empty: content no other request shares (narwhal.sim.gpu.prefix)
+    prefix: Segments = ()
 
 
 class LengthDist(BaseModel):
