@@ -33,7 +33,8 @@ from typing import Any
 
 from narwhal.sim.runner import RunResult, run
 from narwhal.sim.scenario import Scenario
-from narwhal.sim.workload import BUNDLED_TRACES, TRACE_CITATION
+from narwhal.sim.shared_context import SharedContextSettings
+from narwhal.sim.workload import trace_citation
 
 GOODPUT_ATTAINMENT = 0.9  # DistServe's bar
 UNFINISHED = "unfinished"  # the outcome of a request still running when the run stopped
@@ -204,9 +205,10 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         },
     }
     workload = result.scenario.workload
-    if workload.kind == "trace" or (workload.kind != "fixed" and workload.prompt is None):
-        cited = TRACE_CITATION if workload.trace in BUNDLED_TRACES else "a trace file"
-        summary["trace"] = f"{workload.trace}: {cited}"
+    if workload.kind == "trace" or (
+        workload.kind in ("poisson", "gamma") and workload.prompt is None
+    ):
+        summary["trace"] = f"{workload.trace}: {trace_citation(workload.trace)}"
     return summary
 
 
@@ -350,6 +352,8 @@ def goodput_sweep(
             update = {"rate_scale": w.rate_scale * scale}
         elif w.kind == "fixed":
             update = {"arrivals_s": tuple(t / scale for t in w.arrivals_s or ())}
+        elif w.kind == "shared_context":
+            update = {"shared_context": (w.shared_context or SharedContextSettings()).scaled(scale)}
         else:
             update = {"rate": w.rate * scale}
         scaled = scenario.model_copy(update={"workload": w.model_copy(update=update)})

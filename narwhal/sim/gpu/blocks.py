@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import islice
 
 from narwhal.sim.gpu.prefix import BlockKey
 from narwhal.sim.gpu.sequence import Seq
@@ -50,8 +51,9 @@ class BlockManager:
         # beside the watermark in an empty cache (vLLM refuses longer ones: max_model_len)
         self.max_prompt_tokens = (num_blocks - self.watermark) * block_size - 1
         self.block_of: dict[BlockKey, int] = {}  # the cached blocks by key
-        self.key_of: dict[int, BlockKey] = {}  # ... and their keys by block
-        self.refs: dict[int, int] = {}  # ... and their holders (0: free, in ``evictable``)
+        # by block id: its key (None: not cached) and, while cached, its holders (0: free)
+        self.key_of: list[BlockKey | None] = [None] * num_blocks
+        self.refs = [0] * num_blocks
         self.evictable: OrderedDict[int, None] = OrderedDict()  # free cached blocks, LRU first
 
     @property
@@ -117,12 +119,16 @@ class BlockManager:
         k = min(n, len(free))
         taken = free[len(free) - k :]
         del free[len(free) - k :]
-        evictable, key_of, block_of, refs = self.evictable, self.key_of, self.block_of, self.refs
-        for _ in range(n - k):
-            block, _ = evictable.popitem(last=False)
-            del block_of[key_of.pop(block)]
-            del refs[block]
-            taken.append(block)
+        if k < n:
+            evictable, key_of, block_of = self.evictable, self.key_of, self.block_of
+            victims = list(islice(evictable, n - k))  # the least recently freed
+            for block in victims:
+                del evictable[block]
+                key = key_of[block]
+                if key is not None:  # (always: only cached blocks are evictable)
+                    del block_of[key]
+                key_of[block] = None
+            taken.extend(victims)
         return taken
 
     def cache(self, seq: Seq, upto: int) -> None:
@@ -136,12 +142,11 @@ class BlockManager:
         if upto <= start:
             return
         seq.registered = upto
-        block_of, key_of, refs, blocks = self.block_of, self.key_of, self.refs, seq.blocks
-        for i in range(start, upto):
-            key = keys[i]
-            block = blocks[i]
-            if key in block_of or block in key_of:
-                continue  # the same content already cached (or this block already is)
+        block_of, key_of, refs = self.block_of, self.key_of, self.refs
+        # blocks past the registered ones are the sequence's own new blocks: none has a key
+        for key, block in zip(keys[start:upto], seq.blocks[start:upto], strict=True):
+            if key in block_of:
+                continue  # the same content is cached already (in another block): not this one
             block_of[key] = block
             key_of[block] = key
             refs[block] = 1
@@ -149,19 +154,19 @@ class BlockManager:
     def free(self, blocks: list[int]) -> None:
         """A holder lets go of ``blocks``: uncached ones go back on the stack, cached ones lose
         a reference and, at none left, join the tail of the LRU queue (last block first)."""
-        if not self.key_of:
+        if not self.block_of:
             self.free_ids.extend(blocks)
         else:
             key_of, refs, evictable = self.key_of, self.refs, self.evictable
             plain: list[int] = []
             for block in reversed(blocks):
-                if block in key_of:
+                if key_of[block] is None:
+                    plain.append(block)
+                else:
                     count = refs[block] - 1
                     refs[block] = count
                     if count == 0:
                         evictable[block] = None
-                else:
-                    plain.append(block)
             plain.reverse()
             self.free_ids.extend(plain)
         self.on_free()

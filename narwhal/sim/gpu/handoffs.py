@@ -3,10 +3,10 @@
 Rule kept here: a producer holds the blocks of a prefill it handed off until a consumer pulls
 them, the router releases them, or the lease (``kv_lease_s``) runs out, whichever comes first;
 a pull succeeds only if the lease was still held and had not run out when the KV arrived
-(vLLM's NixlConnector: ``remote_blocks_expiry_time`` and the producer's abort timeout). A consumer pulls only what its
-own prefix cache does not hold (NixlConnector: the scheduler's local hit goes to
-``get_num_new_matched_tokens``, and the worker trims the producer's block list to the blocks
-the consumer still needs).
+(vLLM's NixlConnector: ``remote_blocks_expiry_time`` and the producer's abort timeout). A
+consumer pulls only what its own prefix cache does not hold (NixlConnector: the scheduler hands
+its local hit to ``get_num_new_matched_tokens``, and the worker trims the producer's block list
+to the blocks the consumer still needs).
 
 Theory of operation: :class:`Handoffs` is one producer's table of leases by remote request id,
 with their expiry times in order, so expiring them (before each step is planned) looks only at

@@ -11,10 +11,10 @@ Theory of operation:
   header). Segment ids are chained: an id names everything from the prompt's start to the end of
   its segment (the workload guarantees it), as a Mooncake trace's ``hash_ids`` do.
 - So a full KV block is identified by the segment holding its last token and that token's offset
-  in the segment, the :data:`BlockKey` ``(id, offset)`` (:func:`block_keys`). Two prompts' keys
-  agree block for block exactly as far as their segments do, as vLLM's chained block hashes
-  agree as far as the tokens do; reading them costs one split of the text and one tuple per
-  block, where hashing the text would cost a hash per block.
+  in the segment: its :data:`BlockKey` is ``id * 2**32 + offset`` (:func:`block_keys`; one int,
+  so a segment's keys are one ``range``). Two prompts' keys agree block for block exactly as far
+  as their segments do, as vLLM's chained block hashes agree as far as the tokens do; reading
+  them costs one split of the text, where hashing the text would cost a hash per block.
 - A prompt whose text does not start with ``#`` has no identity: content no other prompt shares
   (the Azure traces and synthetic lengths record none). Its text starts with ``~<request
   number>;``, unique to the router too, and its blocks are never cached (not even for its own
@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-BlockKey = tuple[int, int]  # (chained segment id, offset of the block's last token in it)
+BlockKey = int  # chained segment id * OFFSETS + offset of the block's last token in the segment
+OFFSETS = 1 << 32  # more tokens than any segment has
 Segments = tuple[tuple[int, int], ...]  # (chained segment id, tokens), from the prompt's start
 
 SEGMENT = "#"  # starts a segment's marker; a prompt with an identity starts with it
@@ -92,7 +93,8 @@ def block_keys(text: str, prompt_tokens: int, block_size: int) -> list[BlockKey]
         end += len(part) + 1
         stop = min(end, full)
         if last < stop:
-            keys.extend([(segment_id, t - start) for t in range(last, stop, block_size)])
+            base = segment_id * OFFSETS - start  # key = base + the block's last token
+            keys.extend(range(base + last, base + stop, block_size))
             last += (stop - last + block_size - 1) // block_size * block_size
         if last >= full:
             break
