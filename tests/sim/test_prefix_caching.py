@@ -91,8 +91,9 @@ def test_a_cached_prefix_is_not_prefilled_again_and_is_reported() -> None:
     assert cold == pytest.approx(D + A * 300)  # one step: the prompt, and the sampled token
     assert warm == pytest.approx(D + A * (300 - CACHED))
     # the handed-off blocks start with the cached ones (the first prefill's, still held)
-    assert second["kv_transfer_params"]["remote_block_ids"][0][:18] == (
-        first["kv_transfer_params"]["remote_block_ids"][0][:18]
+    assert (
+        second["kv_transfer_params"]["remote_block_ids"][0][:18]
+        == (first["kv_transfer_params"]["remote_block_ids"][0][:18])
     )
     totals = fleet.engines[PRODUCER].totals
     assert (totals.prefix_cache_queries, totals.prefix_cache_hits) == (600, CACHED)

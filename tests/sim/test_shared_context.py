@@ -3,13 +3,14 @@ Poisson arrivals stage by stage; seeded."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 from pydantic import ValidationError
 
 from narwhal.sim.shared_context import LLMD_STAGES, SharedContextSettings
-from narwhal.sim.workload import WorkloadSettings, generate
+from narwhal.sim.workload import Arrival, WorkloadSettings, generate
 
 SMALL = SharedContextSettings(
     groups=3,
@@ -21,8 +22,9 @@ SMALL = SharedContextSettings(
 )
 
 
-def arrivals(settings: SharedContextSettings, seed: int = 1) -> list:  # type: ignore[type-arg]
-    return generate(WorkloadSettings(kind="shared_context", shared_context=settings), random.Random(seed))
+def arrivals(settings: SharedContextSettings, seed: int = 1) -> list[Arrival]:
+    workload = WorkloadSettings(kind="shared_context", shared_context=settings)
+    return generate(workload, random.Random(seed))
 
 
 def test_each_prompt_is_its_groups_system_prompt_then_its_users_question() -> None:
@@ -39,7 +41,7 @@ def test_each_prompt_is_its_groups_system_prompt_then_its_users_question() -> No
 
 def test_arrivals_follow_the_stages_rates() -> None:
     got = arrivals(SMALL)
-    assert all(b.t >= a.t for a, b in zip(got, got[1:]))
+    assert all(b.t >= a.t for a, b in itertools.pairwise(got))
     first = [a for a in got if a.t < 50.0]
     second = [a for a in got if a.t >= 50.0]
     assert 1800 < len(first) < 2200 and 1800 < len(second) < 2200  # 40 x 50 and 200 x 10

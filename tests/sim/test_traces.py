@@ -31,7 +31,9 @@ def test_the_bundled_mooncake_traces_load_with_their_blocks(
 ) -> None:
     rows, ids = load_trace(name), trace_block_ids(name)
     assert len(rows) == len(ids) == count and rows[0] == first
-    assert all(len(i) == -(-p // TRACE_BLOCK_TOKENS) for (_, p, _), i in zip(rows, ids))
+    assert all(
+        len(i) == -(-p // TRACE_BLOCK_TOKENS) for (_, p, _), i in zip(rows, ids, strict=True)
+    )
     assert "Mooncake" in trace_citation(name) and "Apache-2.0" in trace_citation(name)
     seen = {block for blocks in ids for block in blocks}
     assert len(seen) < sum(map(len, ids))  # blocks repeat: that is what the trace is for
