@@ -9,7 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
+from narwhal.cli import main
 from narwhal.core.sse import SseParser
 from narwhal.emulator.prefix_cache import PrefixCache, block_hashes
 from narwhal.emulator.timing import LinearTiming
@@ -112,3 +114,10 @@ def test_without_prefix_caching_nothing_is_cached_or_reported(
     assert "prompt_tokens_details" not in reply["usage"]
     text = httpx.get(engine.url + "/metrics").text
     assert metric_value(text, "vllm:prefix_cache_queries_total") == 0.0
+
+
+def test_a_prefix_cache_without_room_is_refused_at_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["emulate", "--port", "0", "--prefix-cache-blocks", "0"]) == 2
+    assert "--prefix-cache-blocks must be at least 1, got 0" in capsys.readouterr().err
