@@ -50,6 +50,7 @@ COMPILED = [
     "narwhal/sim/gpu/handoffs.py",
     "narwhal/sim/gpu/output.py",
     "narwhal/sim/gpu/params.py",
+    "narwhal/sim/gpu/prefix.py",
     "narwhal/sim/gpu/scheduler.py",
     "narwhal/sim/gpu/sequence.py",
     "narwhal/sim/gpu/switches.py",

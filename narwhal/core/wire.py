@@ -97,13 +97,19 @@ def completion_id(request_id: str, chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + request_id
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """A ``usage`` object."""
-    return {
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """A ``usage`` object; with ``cached_tokens`` (prompt tokens served from the prefix cache)
+    its ``prompt_tokens_details``, as vLLM writes it with ``--enable-prompt-tokens-details``."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 class ChunkWriter:
@@ -151,12 +157,14 @@ class ChunkWriter:
             + b',"stop_reason":null}]}\n\n'
         )
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+    def usage_chunk(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    ) -> bytes:
         """The usage chunk sent before ``[DONE]`` when the client asked for usage."""
         return sse_event(
             self._head
             + b',"choices":[],"usage":'
-            + to_json(usage(prompt_tokens, completion_tokens))
+            + to_json(usage(prompt_tokens, completion_tokens, cached_tokens))
             + b"}"
         )
 
@@ -171,9 +179,11 @@ def completion_reply(
     completion_tokens: int,
     chat: bool = False,
     kv_transfer_params: Mapping[str, Any] | None = None,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     """A non-streamed completion (or chat completion), ``kv_transfer_params`` included as vLLM
-    includes it (``null`` when the request asked for no transfer)."""
+    includes it (``null`` when the request asked for no transfer); ``cached_tokens`` as in
+    :func:`usage`."""
     choice: dict[str, Any]
     if chat:
         choice = {
@@ -197,7 +207,7 @@ def completion_reply(
         "created": created,
         "model": model,
         "choices": [choice],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
         "kv_transfer_params": None if kv_transfer_params is None else dict(kv_transfer_params),
     }
 
@@ -210,9 +220,12 @@ def nixl_kv_params(
     host: str,
     port: int,
     num_tokens: int,
+    cached_tokens: int = 0,
 ) -> dict[str, Any]:
     """The ``kv_transfer_params`` a NixlConnector producer returns with its prefill: where the
-    prompt's KV blocks are (one KV group, tensor-parallel size 1) and how to pull them."""
+    prompt's KV blocks are (one KV group, tensor-parallel size 1) and how to pull them;
+    ``remote_prefill_cached_tokens`` is the prompt tokens the producer found in its prefix cache
+    (the consumer reports them as its own ``cached_tokens``)."""
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,
@@ -227,7 +240,7 @@ def nixl_kv_params(
         "remote_num_tokens": num_tokens,
         "remote_blocks_expiry_time": None,
         "transfer_mode": "pull",
-        "remote_prefill_cached_tokens": 0,
+        "remote_prefill_cached_tokens": cached_tokens,
     }
 
 
@@ -239,6 +252,7 @@ def prefill_reply(
     prompt_tokens: int,
     kv_transfer_params: Mapping[str, Any],
     text: str = "x",
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     """A producer's reply to the router's one-token prefill: one generated token (discarded by
     the router) and the KV handoff descriptor."""
@@ -250,4 +264,5 @@ def prefill_reply(
         prompt_tokens=prompt_tokens,
         completion_tokens=1,
         kv_transfer_params=kv_transfer_params,
+        cached_tokens=cached_tokens,
     )

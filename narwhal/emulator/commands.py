@@ -43,6 +43,15 @@ def register(subparsers: Any) -> None:
     emulate.add_argument("--block-size", type=int, default=16)
     emulate.add_argument("--kv-lease-s", type=float, default=30.0)
     emulate.add_argument("--kv-load-failure-policy", choices=["fail", "recompute"], default="fail")
+    emulate.add_argument(
+        "--no-enable-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="no prefix cache (vLLM's flag of that name; on by default, as in vLLM)",
+    )
+    emulate.add_argument(
+        "--prefix-cache-blocks", type=int, default=16384, help="the prefix cache's bound (LRU)"
+    )
     emulate.add_argument("--engine-id", default=None)
     emulate.add_argument("--seed", type=int, default=0)
     emulate.add_argument("--log-level", default="warning")
@@ -64,6 +73,13 @@ def emulate_command(args: argparse.Namespace) -> int:
     except (FaultError, ValueError) as error:
         print(f"narwhal emulate: {error}", file=sys.stderr)
         return 2
+    if args.prefix_cache_blocks < 1:
+        print(
+            f"narwhal emulate: --prefix-cache-blocks must be at least 1, got "
+            f"{args.prefix_cache_blocks}",
+            file=sys.stderr,
+        )
+        return 2
     config = EmulatorConfig(
         role=Role(args.role),
         model=args.model,
@@ -74,6 +90,8 @@ def emulate_command(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         kv_lease_s=args.kv_lease_s,
         kv_load_failure_policy=args.kv_load_failure_policy,
+        prefix_caching=args.prefix_caching,
+        prefix_cache_blocks=args.prefix_cache_blocks,
         seed=args.seed,
         timing=LinearTiming(
             prefill_s_per_token=args.prefill_s_per_token,

@@ -12,6 +12,9 @@ Theory of operation:
   (:func:`narwhal.core.wire.nixl_kv_params`) naming the side channel as ``remote_host`` and
   ``remote_port``; ``release_handoff`` drops the blocks at once, ``bad_descriptor`` spoils
   ``remote_block_ids``.
+- Both: the prefix cache (:mod:`narwhal.emulator.prefix_cache`) is looked up first; a prefill
+  computes, and a pull moves, only the tokens after the cached prefix (vLLM's NixlConnector
+  pulls only what the consumer's own cache lacks), and the prompt's blocks are cached after.
 - Consumer: :meth:`Handoff.prepare` pulls with
   ``GET http://<remote_host>:<remote_port>/kv/blocks/<remote_request_id>?engine_id=...``
   (``kv_transfer_fail`` fails it without asking), or prefills locally. A failed pull is an
@@ -70,6 +73,7 @@ class Handoff:
             host=host,
             port=port,
             num_tokens=job.prompt_tokens,
+            cached_tokens=job.cached_tokens,
         )
         kind = job.fault_kind
         if kind == "release_handoff":
@@ -81,19 +85,24 @@ class Handoff:
     # ------------------------------------------------------------------ consumer
 
     async def prepare(self, job: InferenceJob) -> str | None:
-        """Prefill locally or pull the KV; an error message when the KV load failed."""
-        state, timing = self.state, self.state.config.timing
+        """Prefill locally or pull the KV, either only past what the prefix cache holds; an
+        error message when the KV load failed."""
+        state, timing, cache = self.state, self.state.config.timing, self.state.prefix_cache
+        job.cached_tokens = cache.lookup(job.prompt, job.prompt_tokens)
+        missing = job.prompt_tokens - job.cached_tokens
         if job.pulling and job.kv is not None:
             outcome = await self._pull(job)
             if outcome == "ok":
-                state.counts["external_kv_tokens"] += job.prompt_tokens
-                await anyio.sleep(timing.kv_transfer_s(job.prompt_tokens))
+                state.counts["external_kv_tokens"] += missing
+                await anyio.sleep(timing.kv_transfer_s(missing))
+                cache.insert(job.prompt)
                 return None
             if outcome == "failed" and state.config.kv_load_failure_policy == "fail":
                 return LOAD_FAILED
             state.counts["recomputed"] += 1
-        state.counts["local_tokens"] += job.prompt_tokens
-        await anyio.sleep(timing.prefill_s(job.prompt_tokens))
+        state.counts["local_tokens"] += missing
+        await anyio.sleep(timing.prefill_s(missing))
+        cache.insert(job.prompt)
         return None
 
     async def _pull(self, job: InferenceJob) -> str:

@@ -19,7 +19,10 @@ goes silent, ``disconnect`` ends the body without ``[DONE]``, ``early_done`` sen
 them: a hang, a reset, a truncated completion, an HTTP error. While the engine is hung or
 frozen no step runs: nothing is prefilled, pulled or generated
 (:meth:`~narwhal.emulator.acting.FaultActor.wait_step`). A prefill leg on a producer adds the
-KV handoff's ``kv_transfer_params`` (:mod:`narwhal.emulator.handoff`).
+KV handoff's ``kv_transfer_params`` (:mod:`narwhal.emulator.handoff`). With prefix caching on,
+the usage (the whole reply's, the usage chunk's) carries ``prompt_tokens_details.cached_tokens``:
+the tokens this engine's prefix cache held, or, for a consumer that pulled the KV, the
+producer's (``remote_prefill_cached_tokens``), as vLLM reports them.
 """
 
 from __future__ import annotations
@@ -125,7 +128,8 @@ class Inference:
                 await emit(wire.DONE)
                 return
         if job.include_usage:
-            await emit(writer.usage_chunk(job.prompt_tokens, len(tokens)))
+            cached = job.reported_cached_tokens(state.config.prefix_caching)
+            await emit(writer.usage_chunk(job.prompt_tokens, len(tokens), cached))
         await emit(wire.DONE)
         state.counts["completed"] += 1
 
@@ -159,6 +163,7 @@ class Inference:
             completion_tokens=len(tokens),
             chat=job.chat,
             kv_transfer_params=params,
+            cached_tokens=job.reported_cached_tokens(state.config.prefix_caching),
         )
         await bytes_reply(send, 200, wire.to_json(reply))
         state.counts["completed"] += 1

@@ -62,6 +62,17 @@ class InferenceJob:
     producing: bool  # a prefill leg on an engine that can produce: store and describe the KV
     pulling: bool  # a decode leg given a descriptor: pull the KV
     fault: FaultSpec | None
+    cached_tokens: int = 0  # prompt tokens its prefill or pull found in the prefix cache
+
+    def reported_cached_tokens(self, caching: bool) -> int | None:
+        """``usage.prompt_tokens_details.cached_tokens`` (None with prefix caching off): a
+        consumer that pulled the KV reports the producer's hit, as vLLM's does."""
+        if not caching:
+            return None
+        remote = (self.kv or {}).get("remote_prefill_cached_tokens")
+        if self.pulling and type(remote) is int:
+            return remote
+        return self.cached_tokens
 
     @property
     def fault_kind(self) -> str | None:

@@ -1,9 +1,10 @@
 """What an emulated engine is (:class:`EmulatorConfig`) and what it holds while it runs.
 
 Rule kept here: the state every endpoint of one emulated engine shares — its identity, its
-seeded randomness, its KV store and its counters — lives in one :class:`EngineState`, so each
-concern (inference, the KV handoff, the metrics and admin endpoints) is a module of its own that
-is handed this state rather than a part of one large app object.
+seeded randomness, its KV store, its prefix cache and its counters — lives in one
+:class:`EngineState`, so each concern (inference, the KV handoff, the metrics and admin
+endpoints) is a module of its own that is handed this state rather than a part of one large app
+object.
 
 Theory of operation: :meth:`EngineState.create` derives the engine id from the seed and the
 address (one id per engine of a fleet started with one seed, the same id on every run) unless
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 from narwhal.core.config import Role
 from narwhal.emulator.kv import KvStore
+from narwhal.emulator.prefix_cache import PrefixCache
 from narwhal.emulator.timing import LinearTiming, TimingModel
 
 COUNTERS = (
@@ -57,6 +59,8 @@ class EmulatorConfig:
     bytes_per_token: int = 2048
     max_model_len: int = 2048
     kv_cache_tokens: int = 262_144  # the KV cache /metrics reports usage of (1 GiB, 4 KiB/token)
+    prefix_caching: bool = True  # vLLM's automatic prefix caching (on by default in vLLM V1)
+    prefix_cache_blocks: int = 16384  # the prefix cache's bound, in blocks (LRU)
     seed: int = 0
     timing: TimingModel = field(default_factory=LinearTiming)
 
@@ -70,6 +74,7 @@ class EngineState:
     rng: random.Random  # request ids and handoff ids
     fault_rng: random.Random  # which requests a fault with a probability strikes
     kv: KvStore
+    prefix_cache: PrefixCache
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     running: int = 0
     running_kv_blocks: int = 0  # the KV blocks the requests being served hold
@@ -80,4 +85,5 @@ class EngineState:
         engine_id = config.engine_id or str(uuid.UUID(int=identity.getrandbits(128)))
         kv = KvStore(engine_id, config.block_size, config.kv_lease_s)
         rng, fault_rng = random.Random(config.seed), random.Random(f"{config.seed}/faults")
-        return cls(config, engine_id, rng, fault_rng, kv)
+        cache = PrefixCache(config.block_size, config.prefix_cache_blocks, config.prefix_caching)
+        return cls(config, engine_id, rng, fault_rng, kv, cache)

@@ -3,7 +3,8 @@
 Rule kept here: what a router or a scraper reads about an engine has vLLM's shape and names —
 the model list with ``max_model_len``, and Prometheus text with vLLM's metric names and labels
 (``vllm:num_requests_running``, ``vllm:prompt_tokens_by_source_total`` by source,
-``vllm:nixl_bytes_transferred``, ...) — computed from the engine's own counters.
+``vllm:nixl_bytes_transferred``, ``vllm:prefix_cache_queries_total`` and ``_hits_total``, ...)
+— computed from the engine's own counters.
 
 Theory of operation: both are pure functions of the :class:`~narwhal.emulator.state.EngineState`
 (``/metrics`` first sweeps expired handoffs, so the expiry counter is current). The load
@@ -95,5 +96,6 @@ def metrics(state: EngineState) -> str:
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.",
         "# TYPE vllm:cache_config_info gauge",
         f'vllm:cache_config_info{{block_size="{config.block_size}",engine="0"}} 1.0',
+        *state.prefix_cache.metric_lines(labels),
     ]
     return "\n".join(lines) + "\n"

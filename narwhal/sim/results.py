@@ -33,7 +33,8 @@ from typing import Any
 
 from narwhal.sim.runner import RunResult, run
 from narwhal.sim.scenario import Scenario
-from narwhal.sim.workload import BUNDLED_TRACES, TRACE_CITATION
+from narwhal.sim.shared_context import SharedContextSettings
+from narwhal.sim.workload import trace_citation
 
 GOODPUT_ATTAINMENT = 0.9  # DistServe's bar
 UNFINISHED = "unfinished"  # the outcome of a request still running when the run stopped
@@ -195,6 +196,7 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         "ejections_capped": decisions.get("eject_capped", 0),
         "quarantine_fallbacks": decisions.get("quarantine_fallback", 0),
         "preemptions": sum(e["preemptions"] for e in engines.values()),
+        "prefix_cache_hit_rate": prefix_cache_hit_rate(engines),
         "fault_windows": len(result.fault_windows),
         "sim_time_s": _round(result.sim_end_s),
         "engine_utilization": {
@@ -203,10 +205,20 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         },
     }
     workload = result.scenario.workload
-    if workload.kind == "trace" or (workload.kind != "fixed" and workload.prompt is None):
-        cited = TRACE_CITATION if workload.trace in BUNDLED_TRACES else "a trace file"
-        summary["trace"] = f"{workload.trace}: {cited}"
+    if workload.kind == "trace" or (
+        workload.kind in ("poisson", "gamma") and workload.prompt is None
+    ):
+        summary["trace"] = f"{workload.trace}: {trace_citation(workload.trace)}"
     return summary
+
+
+def prefix_cache_hit_rate(engines: dict[str, dict[str, Any]]) -> float:
+    """Prompt tokens served from a prefix cache / prompt tokens looked up, over every engine
+    (vLLM's ``vllm:prefix_cache_hits / vllm:prefix_cache_queries``: a producer's prefills, a
+    consumer's pulls and local prefills); 0 when none was looked up (prefix caching off)."""
+    queries = sum(e["prefix_cache_queries"] for e in engines.values())
+    hits = sum(e["prefix_cache_hits"] for e in engines.values())
+    return round(hits / queries, 6) if queries else 0.0
 
 
 def _fmt(value: Any, unit: str = "") -> str:
@@ -259,6 +271,7 @@ def table(summary: dict[str, Any]) -> str:
             f"{summary['ejections_capped']} / {summary['quarantine_fallbacks']}",
         ),
         ("preemptions", str(summary["preemptions"])),
+        ("prefix cache hit rate", f"{100 * summary['prefix_cache_hit_rate']:.2f}%"),
         ("fault windows", str(summary["fault_windows"])),
         ("simulated time", f"{summary['sim_time_s']:.1f} s"),
     ]
@@ -339,6 +352,8 @@ def goodput_sweep(
             update = {"rate_scale": w.rate_scale * scale}
         elif w.kind == "fixed":
             update = {"arrivals_s": tuple(t / scale for t in w.arrivals_s or ())}
+        elif w.kind == "shared_context":
+            update = {"shared_context": (w.shared_context or SharedContextSettings()).scaled(scale)}
         else:
             update = {"rate": w.rate * scale}
         scaled = scenario.model_copy(update={"workload": w.model_copy(update=update)})

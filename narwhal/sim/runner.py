@@ -36,6 +36,7 @@ from narwhal.sim.driver import SINK, make_ports, start
 from narwhal.sim.faults import FaultWindow, expand, install
 from narwhal.sim.gpu.engine import SimEngine
 from narwhal.sim.gpu.handoffs import Registry
+from narwhal.sim.gpu.prefix import prompt_text
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.loadreports import start_load_reports
 from narwhal.sim.scenario import Scenario
@@ -152,7 +153,8 @@ def run(
             delay = arrival.t - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            text = "x" * max(0, arrival.prompt - 1)  # the sim tokenizer adds one (BOS)
+            # one token per character plus BOS; the content identity written in the text
+            text = prompt_text(arrival.prompt, arrival.prefix, i)
             if endpoint == CHAT:
                 body: dict[str, Any] = {
                     "model": model,
@@ -199,6 +201,8 @@ def run(
             "busy_s": e.totals.busy_s,
             "preemptions": e.totals.preemptions,
             "tokens_out": e.totals.tokens_out,
+            "prefix_cache_queries": e.totals.prefix_cache_queries,
+            "prefix_cache_hits": e.totals.prefix_cache_hits,
             "times_ejected": policies.breaker.health(url).times_ejected,
         }
         for url, e in engines.items()

@@ -80,6 +80,7 @@ class FleetSettings(_Strict):
     stream_interval: int = Field(1, ge=1)
     kv_lease_s: float = Field(30.0, gt=0)
     kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
+    prefix_caching: bool = True  # vLLM V1's automatic prefix caching (on by default, as in vLLM)
     link_bandwidth_gbps: float = Field(40.0, gt=0)  # GB/s per link
     link_setup_ms: float = Field(1.0, ge=0)
     topology: Literal["per_consumer", "shared"] = "per_consumer"
@@ -140,6 +141,7 @@ class FleetSettings(_Strict):
             stream_interval=self.stream_interval,
             kv_lease_s=self.kv_lease_s,
             kv_load_failure_policy=self.kv_load_failure_policy,
+            prefix_caching=self.prefix_caching,
         )
 
 

@@ -1,46 +1,65 @@
-"""Workloads: when requests arrive and how long their prompts and outputs are.
+"""Workloads: when requests arrive, how long their prompts and outputs are, and what content
+their prompts share.
 
 Rule kept here: a workload is a pure function of its settings and a seeded RNG; it yields
-:class:`Arrival` values (time, prompt tokens, output tokens) in time order and knows nothing of
-engines or routers.
+:class:`Arrival` values (time, prompt tokens, output tokens, the prompt's content identity) in
+time order and knows nothing of engines or routers.
 
-Theory of operation: four generators.
+Theory of operation: five generators.
 - ``poisson``: exponential inter-arrival times at ``rate`` requests per second.
 - ``gamma``: bursty arrivals, gamma inter-arrival times with mean ``1/rate`` and coefficient of
   variation ``cv`` (shape ``1/cv^2``; cv = 1 is Poisson, cv > 1 comes in bursts).
-- ``trace``: replay of a bundled trace (``azure2023_conv``, ``azure2023_code``: Azure LLM
-  inference trace 2023, AzurePublicDataset, CC-BY-4.0) or a CSV/JSONL path with the same
-  columns; ``start_s``/``duration_s`` cut a window, ``rate_scale`` compresses time (2 = twice
-  the rate), ``repeat`` loops the trace until ``max_requests`` or ``duration_s`` is reached.
+- ``trace``: replay of a bundled trace (:mod:`narwhal.sim.traces`: ``azure2023_conv``,
+  ``azure2023_code``, ``mooncake_conversation``, ``mooncake_synthetic``) or a CSV/JSONL path
+  with the same columns; ``start_s``/``duration_s`` cut a window, ``rate_scale`` compresses
+  time (2 = twice the rate), ``repeat`` loops the trace (content included) until
+  ``max_requests`` or ``duration_s`` is reached. A trace's ``hash_ids`` become its prompts'
+  segments, one per 512-token block.
 - ``fixed``: the listed ``arrivals_s`` (e.g. a parity or regression scenario), every request
   with ``prompt_tokens`` and ``output_tokens``; no randomness.
-Lengths for the synthetic generators come from a :class:`LengthDist`: fixed, uniform,
+- ``shared_context``: groups of users sharing a long system prompt, at a rising rate
+  (:mod:`narwhal.sim.shared_context`).
+Lengths for ``poisson`` and ``gamma`` come from a :class:`LengthDist`: fixed, uniform,
 lognormal, or ``trace`` (pairs drawn from a trace's empirical distribution, so prompt and output
-lengths keep their correlation).
+lengths keep their correlation). Only ``trace`` (with ``hash_ids``) and ``shared_context``
+prompts have a content identity; the others share nothing. A prompt clamped to
+``max_prompt_tokens`` keeps the segments of the tokens it kept.
 """
 
 from __future__ import annotations
 
-import csv
 import itertools
-import json
 import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import date
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-BUNDLED_TRACES = {
-    "azure2023_conv": "azure2023_conv.csv",
-    "azure2023_code": "azure2023_code.csv",
-}
-TRACE_CITATION = "Azure LLM inference trace 2023 (AzurePublicDataset, CC-BY-4.0)"
+from narwhal.sim.gpu.prefix import Segments
+from narwhal.sim.shared_context import SharedContextSettings, shared_context_arrivals
+from narwhal.sim.traces import (
+    AZURE_CITATION,
+    BUNDLED_TRACES,
+    TRACE_BLOCK_TOKENS,
+    load_trace,
+    trace_block_ids,
+    trace_citation,
+)
+
+__all__ = [
+    "BUNDLED_TRACES",
+    "TRACE_CITATION",
+    "Arrival",
+    "LengthDist",
+    "WorkloadSettings",
+    "generate",
+    "load_trace",
+    "trace_citation",
+]
+
+TRACE_CITATION = AZURE_CITATION  # the default trace's
 FIXED_ONLY = frozenset({"arrivals_s", "prompt_tokens", "output_tokens"})  # kind = "fixed" keys
 
 
@@ -49,6 +68,9 @@ class Arrival:
     t: float
     prompt: int
     output: int
+    # the prompt's content identity: (chained segment id, tokens) from its start, the tokens
+    # summing to ``prompt``; empty: content no other request shares (narwhal.sim.gpu.prefix)
+    prefix: Segments = ()
 
 
 class LengthDist(BaseModel):
@@ -83,7 +105,7 @@ class WorkloadSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["trace", "poisson", "gamma", "fixed"] = "trace"
+    kind: Literal["trace", "poisson", "gamma", "fixed", "shared_context"] = "trace"
     trace: str = "azure2023_conv"  # a bundled trace name or a file path
     rate: float = Field(5.0, gt=0)  # poisson/gamma: requests per second
     cv: float = Field(2.0, gt=0)  # gamma: coefficient of variation of inter-arrival times
@@ -100,6 +122,7 @@ class WorkloadSettings(BaseModel):
     arrivals_s: tuple[float, ...] | None = None  # fixed: arrival times, seconds from the start
     prompt_tokens: int = Field(256, ge=1)  # fixed: every request's prompt
     output_tokens: int = Field(16, ge=1)  # fixed: every request's max_tokens
+    shared_context: SharedContextSettings | None = None  # shared_context (None: the defaults)
 
     @model_validator(mode="after")
     def _bounded(self) -> WorkloadSettings:
@@ -117,6 +140,14 @@ class WorkloadSettings(BaseModel):
         fixed_only = sorted(FIXED_ONLY & self.model_fields_set)
         if fixed_only:
             raise ValueError(f'{", ".join(fixed_only)}: only for kind = "fixed"')
+        if self.kind == "shared_context":
+            if self.prompt is not None or self.output is not None:
+                raise ValueError(
+                    'kind = "shared_context" takes its lengths from [workload.shared_context]'
+                )
+            return self  # its stages bound it
+        if self.shared_context is not None:
+            raise ValueError('[workload.shared_context] needs kind = "shared_context"')
         if self.duration_s is None and self.max_requests is None:
             raise ValueError("give 'duration_s' or 'max_requests' (or both)")
         if (self.prompt is None) != (self.output is None):
@@ -124,88 +155,16 @@ class WorkloadSettings(BaseModel):
         return self
 
 
-def _seconds(stamp: str) -> float:
-    day, _, clock = stamp.strip().partition(" ")
-    hours, minutes, seconds = clock.split(":")
-    return (
-        date.fromisoformat(day).toordinal() * 86400.0
-        + int(hours) * 3600.0
-        + int(minutes) * 60.0
-        + float(seconds)
-    )
-
-
-@lru_cache(maxsize=8)
-def load_trace(name: str) -> tuple[tuple[float, int, int], ...]:
-    """(seconds from the first request, prompt tokens, output tokens), in time order."""
-    if name in BUNDLED_TRACES:
-        text = (
-            resources.files("narwhal.sim").joinpath("data", BUNDLED_TRACES[name]).read_text("utf-8")
-        )
-    else:
-        path = Path(name)
-        if not path.is_file():
-            raise ValueError(
-                f"workload.trace: {name!r} is neither a bundled trace "
-                f"({', '.join(BUNDLED_TRACES)}) nor a readable file"
-            )
-        try:
-            text = path.read_text("utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise ValueError(f"workload.trace: cannot read {name!r}: {error}") from None
-    rows = _trace_rows(text, name)
-    if not rows:
-        raise ValueError(f"workload.trace: {name!r} holds no requests")
-    rows.sort(key=lambda r: r[0])
-    first = rows[0][0]
-    return tuple((t - first, max(1, p), max(1, o)) for t, p, o in rows)
-
-
-def _trace_rows(text: str, name: str) -> list[tuple[float, int, int]]:
-    """The rows of a trace's text, or a ValueError naming the line and what is wrong with it."""
-    rows: list[tuple[float, int, int]] = []
-    if text.lstrip().startswith("{"):  # Mooncake-style JSONL: timestamp (ms), lengths
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-                rows.append(
-                    (
-                        float(item["timestamp"]) / 1e3,
-                        int(item["input_length"]),
-                        int(item["output_length"]),
-                    )
-                )
-            except (ValueError, TypeError, KeyError) as error:
-                raise ValueError(
-                    f"workload.trace {name!r} line {number}: {_why(error)} (JSONL needs "
-                    "timestamp in ms, input_length and output_length)"
-                ) from None
-        return rows
-    reader = csv.DictReader(text.splitlines())
-    for number, row in enumerate(reader, start=2):  # line 1 is the header
-        try:
-            rows.append(
-                (_seconds(row["TIMESTAMP"]), int(row["ContextTokens"]), int(row["GeneratedTokens"]))
-            )
-        except (ValueError, TypeError, KeyError, AttributeError) as error:
-            raise ValueError(
-                f"workload.trace {name!r} line {number}: {_why(error)} (CSV needs the columns "
-                "TIMESTAMP as 'YYYY-MM-DD HH:MM:SS', ContextTokens and GeneratedTokens)"
-            ) from None
-    return rows
-
-
-def _why(error: Exception) -> str:
-    return f"missing {error}" if isinstance(error, KeyError) else str(error)
-
-
 def _trace_arrivals(w: WorkloadSettings) -> Iterator[Arrival]:
-    rows = load_trace(w.trace)
-    rows = tuple(r for r in rows if r[0] >= w.start_s)
-    if not rows:
+    window = [
+        (row, ids)
+        for row, ids in zip(load_trace(w.trace), trace_block_ids(w.trace), strict=True)
+        if row[0] >= w.start_s
+    ]
+    if not window:
         return
+    rows = tuple(row for row, _ in window)
+    prefixes = tuple(_trace_segments(ids, row[1]) for row, ids in window)
     span = rows[-1][0] - w.start_s + (rows[-1][0] - rows[0][0]) / max(1, len(rows) - 1)
     if w.repeat and span <= 0:
         raise ValueError(
@@ -214,11 +173,30 @@ def _trace_arrivals(w: WorkloadSettings) -> Iterator[Arrival]:
         )
     offset = 0.0
     while True:
-        for t, prompt, output in rows:
-            yield Arrival((t - w.start_s + offset) / w.rate_scale, prompt, output)
+        for (t, prompt, output), prefix in zip(rows, prefixes, strict=True):
+            yield Arrival((t - w.start_s + offset) / w.rate_scale, prompt, output, prefix)
         if not w.repeat:
             return
         offset += span
+
+
+def _trace_segments(ids: tuple[int, ...], prompt: int) -> Segments:
+    """A trace prompt's segments: one per block id, the last one what is left of the prompt."""
+    if not ids:
+        return ()
+    last = prompt - TRACE_BLOCK_TOKENS * (len(ids) - 1)
+    return (*((i, TRACE_BLOCK_TOKENS) for i in ids[:-1]), (ids[-1], last))
+
+
+def _clamped(prefix: Segments, tokens: int) -> Segments:
+    """The segments of the first ``tokens`` tokens of a prompt made of ``prefix``."""
+    kept: list[tuple[int, int]] = []
+    for segment_id, length in prefix:
+        if tokens <= 0:
+            break
+        kept.append((segment_id, min(length, tokens)))
+        tokens -= length
+    return tuple(kept)
 
 
 def _synthetic(w: WorkloadSettings, rng: random.Random) -> Iterator[Arrival]:
@@ -243,12 +221,21 @@ def _fixed(w: WorkloadSettings) -> Iterator[Arrival]:
         yield Arrival(float(t), w.prompt_tokens, w.output_tokens)
 
 
+def _shared_context(w: WorkloadSettings, rng: random.Random) -> Iterator[Arrival]:
+    settings = w.shared_context or SharedContextSettings()
+    for t, prompt, output, prefix in shared_context_arrivals(settings, rng):
+        yield Arrival(t, prompt, output, prefix)
+
+
 def generate(w: WorkloadSettings, rng: random.Random) -> list[Arrival]:
     """Every arrival of the workload, in time order."""
+    source: Iterator[Arrival]
     if w.kind == "fixed":
         source = _fixed(w)
     elif w.kind == "trace":
         source = _trace_arrivals(w)
+    elif w.kind == "shared_context":
+        source = _shared_context(w, rng)
     else:
         source = _synthetic(w, rng)
     out: list[Arrival] = []
@@ -258,7 +245,8 @@ def generate(w: WorkloadSettings, rng: random.Random) -> list[Arrival]:
         if w.max_requests is not None and len(out) >= w.max_requests:
             break
         if arrival.prompt > w.max_prompt_tokens:
-            arrival = Arrival(arrival.t, w.max_prompt_tokens, arrival.output)
+            prefix = _clamped(arrival.prefix, w.max_prompt_tokens)
+            arrival = Arrival(arrival.t, w.max_prompt_tokens, arrival.output, prefix)
         out.append(arrival)
     if not out:
         window = f" after start_s = {w.start_s:g} s" if w.kind == "trace" else ""

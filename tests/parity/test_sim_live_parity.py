@@ -70,6 +70,7 @@ from narwhal.emulator.state import EmulatorConfig
 from narwhal.emulator.timing import LinearTiming
 from narwhal.live.app import Router
 from narwhal.serving import bind, make_server, port_of
+from narwhal.sim.gpu.prefix import prompt_text
 from narwhal.sim.runner import RunResult, run
 from narwhal.sim.scenario import Scenario, parse_scenario
 
@@ -328,12 +329,7 @@ async def warm_up(client: httpx.AsyncClient, producer: Engine, consumer: Engine)
 async def drive(router_url: str, engines: list[Engine], live: LiveRun) -> None:
     """Warm up, fix scenario time 0, then send the requests and switch the fault at their
     scenario times."""
-    body = {
-        "model": MODEL,
-        "prompt": "x" * (PROMPT_TOKENS - 1),  # one token per character, plus BOS
-        "max_tokens": OUTPUT_TOKENS,
-        "stream": True,
-    }
+    body = {"model": MODEL, "max_tokens": OUTPUT_TOKENS, "stream": True}
     hang = {"kind": FAULT}  # engine-wide, until the faults are cleared
     admin = f"http://{engines[2].side_channel}/admin/faults"
     async with httpx.AsyncClient(timeout=10) as client:
@@ -349,7 +345,10 @@ async def drive(router_url: str, engines: list[Engine], live: LiveRun) -> None:
 
         async def request(index: int, t: float) -> None:
             await until(t)
-            async with client.stream("POST", router_url + "/v1/completions", json=body) as reply:
+            # the simulator's text: one token per character plus BOS, unique to the request (so
+            # no prefix cache holds it, as none holds the simulator's)
+            sent = {**body, "prompt": prompt_text(PROMPT_TOKENS, (), index)}
+            async with client.stream("POST", router_url + "/v1/completions", json=sent) as reply:
                 await reply.aread()
                 live.client_statuses[index] = reply.status_code
 

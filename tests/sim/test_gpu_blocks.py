@@ -52,3 +52,103 @@ def test_the_longest_admissible_prompt_fits_an_empty_cache_beside_the_watermark(
     assert blocks.allocate(Seq(1, "r", 0, 1), blocks.max_prompt_tokens + 1)  # + first token
     blocks2, _ = manager(num_blocks=8, block_size=16)
     assert not blocks2.allocate(Seq(1, "r", 0, 1), blocks.max_prompt_tokens + 2)
+
+
+# ---------------------------------------------------------------------- prefix caching
+
+
+def keyed(sid: int, tokens: int, keys: list[int]) -> Seq:
+    """A sequence of ``tokens`` prompt tokens whose full blocks have ``keys``."""
+    seq = Seq(sid, f"r{sid}", tokens, 1)
+    seq.keys = keys
+    return seq
+
+
+def admit(blocks: BlockManager, seq: Seq, limit: int | None = None) -> list[int]:
+    """Admit ``seq`` with its cached prefix and register all its full blocks; the hit."""
+    keys = seq.keys or []
+    hit = blocks.match(keys, len(keys) if limit is None else limit)
+    assert blocks.allocate(seq, seq.prompt + 1, hit)
+    seq.registered = len(hit)
+    blocks.cache(seq, len(keys))
+    return hit
+
+
+def test_a_prefix_is_matched_block_for_block_up_to_the_first_miss_and_the_limit() -> None:
+    blocks, _ = manager(num_blocks=100)
+    first = keyed(1, 64, [10, 11, 12, 13])  # 4 full blocks + the sampled token's block
+    assert admit(blocks, first) == []
+    assert len(first.blocks) == 5
+    assert blocks.match([10, 11, 12, 13], 4) == first.blocks[:4]
+    assert blocks.match([10, 11, 99, 13], 4) == first.blocks[:2]  # a chain stops at a miss
+    assert blocks.match([10, 11, 12, 13], 3) == first.blocks[:3]  # vLLM: short of the last token
+    assert blocks.match([99, 11], 2) == []
+    second = keyed(2, 64, [10, 11, 77, 78])
+    assert admit(blocks, second) == first.blocks[:2]  # shares its first two blocks
+    assert second.blocks[:2] == first.blocks[:2] and not set(second.blocks[2:]) & set(first.blocks)
+    assert [blocks.refs[b] for b in first.blocks[:2]] == [2, 2]  # held by both
+
+
+def test_a_freed_cached_block_stays_reusable_until_evicted_lru_tail_first() -> None:
+    blocks, freed = manager(num_blocks=12, block_size=16)  # watermark 1
+    old = keyed(1, 48, [1, 2, 3])  # 3 keyed blocks + 1 plain (the sampled token's)
+    admit(blocks, old)
+    held = list(old.blocks)
+    blocks.free(old.blocks)
+    assert freed == [1] and blocks.num_free == 12
+    # the plain block went back on the stack, the keyed ones into the LRU queue, last block first
+    assert list(blocks.evictable) == [held[2], held[1], held[0]]
+    assert blocks.match([1, 2, 3], 3) == held[:3]  # still a hit while free
+    # 9 free blocks hold nothing cached (8 never used, the plain one): taking 9 evicts nothing
+    filler = Seq(2, "f", 0, 1)
+    assert blocks.allocate(filler, 9 * 16)
+    assert blocks.match([1, 2, 3], 3) == held[:3] and blocks.num_free == 3
+    # one more block evicts exactly the least recently freed one: the prefix's tail
+    assert blocks.append_block(filler)
+    assert filler.blocks[-1] == held[2]
+    assert blocks.match([1, 2, 3], 3) == held[:2] and list(blocks.evictable) == held[1::-1]
+
+
+def test_a_hit_on_a_free_block_takes_it_out_of_the_free_queue_and_counts_at_admission() -> None:
+    blocks, _ = manager(num_blocks=10, block_size=16)  # watermark 1
+    cached = keyed(1, 64, [5, 6, 7, 8])
+    admit(blocks, cached)
+    blocks.free(cached.blocks)
+    assert blocks.num_free == 10 and len(blocks.evictable) == 4
+    again = keyed(2, 64, [5, 6, 7, 8])
+    hit = blocks.match(again.keys or [], 3)
+    assert len(hit) == 3
+    # 5 blocks: 3 reused (free ones: they count) + 2 new; 10 - 5 leaves more than the watermark
+    assert blocks.allocate(again, 65, hit)
+    assert again.blocks[:3] == hit and blocks.num_free == 5
+    assert not set(hit) & set(blocks.evictable)  # no longer evictable: held
+    assert all(blocks.refs[b] == 1 for b in hit)
+    big = keyed(3, 64, [5, 6, 7, 8])
+    hit = blocks.match(big.keys or [], 4)  # the 4th block is still free: reusing it counts
+    assert not blocks.allocate(big, 16 * 9, hit)  # 9 blocks: 3 held + 1 free + 5 new > 5 - 1
+    assert blocks.refs[hit[3]] == 0 and big.blocks == []  # refused: nothing changed
+
+
+def test_the_same_content_computed_twice_keeps_the_first_block_cached() -> None:
+    blocks, _ = manager(num_blocks=40)
+    first, second = keyed(1, 32, [1, 2]), keyed(2, 32, [1, 2])
+    assert blocks.allocate(first, 33) and blocks.allocate(second, 33)  # both missed
+    first.registered = second.registered = 0
+    blocks.cache(first, 2)
+    blocks.cache(second, 2)
+    assert blocks.match([1, 2], 2) == first.blocks[:2]
+    blocks.free(second.blocks)  # its copies were never cached: back on the stack
+    assert not blocks.evictable and blocks.match([1, 2], 2) == first.blocks[:2]
+    blocks.free(first.blocks)
+    assert list(blocks.evictable) == first.blocks[1::-1]
+
+
+def test_without_cached_blocks_every_path_is_the_plain_stack() -> None:
+    blocks, _ = manager(num_blocks=50)
+    plain = Seq(1, "p", 40, 1)  # no keys: content no other request shares
+    assert blocks.allocate(plain, 41, blocks.match([], 0))
+    blocks.cache(plain, 3)
+    assert not blocks.block_of and not blocks.evictable
+    ids = list(plain.blocks)
+    blocks.free(plain.blocks)
+    assert blocks.free_ids[-3:] == ids  # pushed in order: the last one is handed out first

@@ -15,6 +15,9 @@ Theory of operation:
   chain of events, not a process: nothing to resume in between). With nothing to run the
   engine falls asleep; new work or freed KV blocks wake it with an event at the current time,
   after whatever runs now (so work arriving together is batched together).
+- A request's prompt is read as vLLM would tokenize it (:mod:`narwhal.sim.gpu.wire`), and with
+  prefix caching on its content identity becomes the keys of its full KV blocks
+  (:mod:`narwhal.sim.gpu.prefix`), which the block manager caches.
 - A crash loses the process: every connection is reset, and the engine starts over with a new
   engine id, an empty KV cache (:class:`~narwhal.sim.gpu.blocks.BlockManager`), no handoffs
   and a new scheduler; a step in flight then ends without effect. What the engine did over its
@@ -37,6 +40,7 @@ from narwhal.sim.gpu.blocks import BlockManager
 from narwhal.sim.gpu.handoffs import Handoffs, Registry
 from narwhal.sim.gpu.output import StreamWriter
 from narwhal.sim.gpu.params import EngineParams
+from narwhal.sim.gpu.prefix import block_keys, content_text
 from narwhal.sim.gpu.scheduler import Chunks, Scheduler
 from narwhal.sim.gpu.sequence import EOF, FINISHED, RESET, Resumer, Seq, SimStream
 from narwhal.sim.gpu.switches import STREAM_FAULTS, FaultSwitches
@@ -254,6 +258,10 @@ class SimEngine:
         rid = headers.get("X-Request-Id") or f"{self.rng.getrandbits(64):016x}"
         self._sid += 1
         seq = Seq(self._sid, rid, prompt, int(out))
+        if self.params.prefix_caching:
+            text = content_text(body)
+            if text is not None:
+                seq.keys = block_keys(text, prompt, self.params.block_size)
         return seq
 
     def abort(self, seq: Seq) -> None:

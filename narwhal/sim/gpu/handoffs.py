@@ -3,7 +3,10 @@
 Rule kept here: a producer holds the blocks of a prefill it handed off until a consumer pulls
 them, the router releases them, or the lease (``kv_lease_s``) runs out, whichever comes first;
 a pull succeeds only if the lease was still held and had not run out when the KV arrived
-(vLLM's NixlConnector: ``remote_blocks_expiry_time`` and the producer's abort timeout).
+(vLLM's NixlConnector: ``remote_blocks_expiry_time`` and the producer's abort timeout). A
+consumer pulls only what its own prefix cache does not hold (NixlConnector: the scheduler hands
+its local hit to ``get_num_new_matched_tokens``, and the worker trims the producer's block list
+to the blocks the consumer still needs).
 
 Theory of operation: :class:`Handoffs` is one producer's table of leases by remote request id,
 with their expiry times in order, so expiring them (before each step is planned) looks only at
@@ -117,11 +120,14 @@ class KvPull:
         kv_bytes_per_token: int,
         registry: Registry,
         switches: FaultSwitches,
+        cached: int = 0,
     ) -> None:
         self.engine_id = str(remote.get("remote_engine_id"))
         producer = registry.get(self.engine_id)
         self.source_url = producer.url if producer is not None else "?"
-        self.nbytes = int(remote.get("remote_num_tokens") or prompt) * kv_bytes_per_token
+        # only the tokens the consumer's own prefix cache does not hold (``cached``) are pulled
+        tokens = int(remote.get("remote_num_tokens") or prompt) - cached
+        self.nbytes = max(0, tokens) * kv_bytes_per_token
         self.fail = (  # the consumer's fault is drawn first
             switches.has("kv_transfer_fail")
             or producer is None

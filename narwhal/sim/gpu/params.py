@@ -24,3 +24,4 @@ class EngineParams:
     kv_lease_s: float = 30.0  # how long a producer holds a finished prefill's blocks
     kv_load_failure_policy: str = "fail"  # "fail" | "recompute" (vLLM's flag of that name)
     coalesce_reads: bool = True  # plain token chunks wait for the router's next wake-up
+    prefix_caching: bool = True  # vLLM --enable-prefix-caching (on by default in vLLM V1)

@@ -24,6 +24,14 @@ Theory of operation:
   pulls the KV (:class:`~narwhal.sim.gpu.handoffs.KvPull` over the
   :class:`~narwhal.sim.kvnet.KvNetwork`); then it decodes. A finished prefill leg hands its
   blocks off (:class:`~narwhal.sim.gpu.handoffs.Handoffs`) and its reply is the descriptor.
+- Prefix caching, as vLLM V1 does it: admission first looks up the longest cached prefix of the
+  sequence's block keys (short of its last token, whose logits must be computed) and takes
+  those blocks without computing them; the prefill starts after them (``prefilled`` counts
+  them, so its attention still covers them), and a remote decode pulls only the tokens after
+  them (NixlConnector's ``get_num_new_matched_tokens``). The blocks a step computes are cached
+  when it is planned (vLLM caches them when it schedules them), a pulled prompt's when its KV
+  arrived. Every fresh admission counts vLLM's ``prefix_cache_queries`` (its tokens) and
+  ``prefix_cache_hits`` (those found cached); a preempted sequence's re-admission does not.
 """
 
 from __future__ import annotations
@@ -170,6 +178,8 @@ class Scheduler:
         budget = params.max_num_batched_tokens - decodes
         chunks: Chunks = []
         pairs = 0.0  # (new token, earlier token) pairs the prefill attention computes
+        blocks = self.blocks
+        block_size = blocks.block_size
         for seq in self.prefilling:
             if budget <= 0:
                 break
@@ -177,6 +187,8 @@ class Scheduler:
             budget -= take
             chunks.append((seq, take))
             pairs += take * (seq.prefilled + take / 2)
+            if seq.keys:  # vLLM caches the blocks a step computes when it schedules them
+                blocks.cache(seq, (seq.prefilled + take) // block_size)
         seqs = decodes + len(self.prefilling) + self.transferring
         waiting = self.waiting
         while waiting and seqs < params.max_num_seqs:
@@ -187,20 +199,33 @@ class Scheduler:
             remote = seq.remote is not None and seq.need == 0
             if not remote and budget <= 0:
                 break
-            # blocks for what it prefills (or pulls) and the token the prefill samples
-            if not self.blocks.allocate(seq, (seq.prompt if remote else seq.need) + 1):
+            tokens = seq.prompt if remote else seq.need  # what it pulls or prefills
+            # the longest cached prefix, short of the last token (its logits are needed)
+            keys = seq.keys
+            hit = blocks.match(keys, (tokens - 1) // block_size) if keys else None
+            # blocks for those tokens and the token the prefill samples
+            if not blocks.allocate(seq, tokens + 1, hit):
                 break
             waiting.popleft()
             seqs += 1
+            cached = len(hit) * block_size if hit else 0
+            seq.cached = cached
+            seq.registered = len(hit) if hit else 0
+            if params.prefix_caching and not seq.resumed:  # vLLM's prefix-cache counters
+                self.totals.prefix_cache_queries += tokens
+                self.totals.prefix_cache_hits += cached
             if remote:
                 self._start_pull(seq)
                 continue
             seq.state = PREFILL
+            seq.prefilled = cached
             self.prefilling.append(seq)
-            take = min(seq.need, budget)
+            take = min(tokens - cached, budget)
             budget -= take
             chunks.append((seq, take))
-            pairs += take * take / 2
+            pairs += take * (cached + take / 2)
+            if keys:
+                blocks.cache(seq, (cached + take) // block_size)
         tokens = params.max_num_batched_tokens - budget  # decodes + prefill chunk tokens
         if tokens <= 0:
             return None
@@ -300,6 +325,8 @@ class Scheduler:
         self.totals.preemptions += 1
         self.blocks.free(seq.blocks)
         seq.blocks = []
+        seq.registered = 0
+        seq.resumed = True
         seq.need = seq.prompt + seq.gen
         seq.prefilled = 0
         seq.state = WAITING
@@ -309,10 +336,9 @@ class Scheduler:
         """Give every decode due a block at ``step`` one more, preempting when short."""
         due = self.block_due.pop(step)
         blocks = self.blocks
-        free = blocks.free_ids
-        if len(free) < len(due):  # perhaps short of blocks (stale entries count here too)
+        if blocks.num_free < len(due):  # perhaps short of blocks (stale entries count here too)
             needing = [seq for seq, run in due if seq.run == run]
-            while len(free) < len(needing) and self.decoding:
+            while blocks.num_free < len(needing) and self.decoding:
                 victim = next(reversed(self.decoding))
                 self._preempt(victim, step, now)
                 needing = [seq for seq in needing if seq is not victim]
@@ -360,6 +386,7 @@ class Scheduler:
             remote_id,
             handoffs.side_host,
             handoffs.side_port,
+            seq.cached if self.params.prefix_caching else None,
         )
         resumer = seq.reply
         self.finish(seq)
@@ -379,6 +406,7 @@ class Scheduler:
             self.timing.kv_bytes_per_token,
             self.registry,
             self.switches,
+            seq.cached,
         )
         run = seq.run
 
@@ -387,11 +415,14 @@ class Scheduler:
                 return  # aborted meanwhile, or the engine crashed
             self.transferring -= 1
             if ok and pull.arrived(self.registry, self.env.now):
+                if seq.keys:  # vLLM caches a pulled prompt's blocks once they arrived
+                    self.blocks.cache(seq, len(seq.blocks))
                 self._join_decode(seq, self.it + 1 if self.in_step else self.it)
                 self.wake()
             elif self.params.kv_load_failure_policy == "recompute":
-                seq.need = seq.prompt  # silently recompute the prompt (blocks are held already)
-                seq.prefilled = 0
+                # silently recompute what the local prefix cache did not hold (blocks are held)
+                seq.need = seq.prompt
+                seq.prefilled = seq.cached
                 seq.state = PREFILL
                 self.prefilling.append(seq)
                 self.wake()

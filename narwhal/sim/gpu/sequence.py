@@ -22,6 +22,7 @@ import enum
 from typing import Any, Final, Protocol
 
 from narwhal.core.ports import Burst, ChunkResult, ConnectFailed, StreamEnd
+from narwhal.sim.gpu.prefix import BlockKey
 
 
 class SeqState(enum.Enum):
@@ -102,6 +103,7 @@ class Seq:
     __slots__ = (
         "blocks",
         "c0",
+        "cached",
         "chat",
         "chunk",
         "chunk_tokens",
@@ -109,15 +111,17 @@ class Seq:
         "fault",
         "gen",
         "head",
-        "head",
         "id",
         "j",
+        "keys",
         "need",
         "out",
         "prefilled",
         "prompt",
+        "registered",
         "remote",
         "reply",
+        "resumed",
         "rid",
         "run",
         "state",
@@ -134,6 +138,13 @@ class Seq:
         self.need = prompt  # tokens to prefill (0 for a remote decode after its pull)
         self.prefilled = 0
         self.blocks: list[int] = []  # its KV block ids
+        # prefix caching: the keys of its prompt's full blocks (None: no content identity), how
+        # many of its blocks are registered in the cache, and the prompt tokens its last
+        # admission found cached
+        self.keys: list[BlockKey] | None = None
+        self.registered = 0
+        self.cached = 0
+        self.resumed = False  # preempted once: vLLM's prefix-cache counters leave it out
         self.run = 0  # bumped whenever the sequence leaves the batch: stale bucket entries skip
         self.j = 0  # step at which it joined the decode batch
         self.c0 = 0  # its context at that step

@@ -7,13 +7,25 @@ from __future__ import annotations
 class EngineTotals:
     """Counters that outlive an engine process (a crash starts a new scheduler, not these)."""
 
-    __slots__ = ("busy_s", "delivered", "preemptions", "steps", "tokens_out")
+    __slots__ = (
+        "busy_s",
+        "delivered",
+        "preemptions",
+        "prefix_cache_hits",
+        "prefix_cache_queries",
+        "steps",
+        "tokens_out",
+    )
 
     def __init__(self) -> None:
         self.steps = 0  # engine iterations run
         self.busy_s = 0.0  # their total duration
         self.preemptions = 0
         self.tokens_out = 0  # tokens written to streams
+        # vLLM's vllm:prefix_cache_queries / _hits: prompt tokens looked up at fresh admissions,
+        # and those found in the prefix cache
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         # tokens each stream sent before a clean [DONE], by request id (X-Request-Id): what
         # the client got, which an early [DONE] makes fewer than max_tokens
         self.delivered: dict[str, int] = {}

@@ -106,23 +106,27 @@ def prefill_reply(
     remote_request_id: str,
     host: str,
     port: int,
+    cached: int | None = None,
 ) -> bytes:
     """A producer's answer to a prefill leg: a one-token completion whose
     ``kv_transfer_params`` tell the consumer where to pull the KV of ``block_ids`` (``engine_id``
-    and ``host`` are the engine's own plain text)."""
+    and ``host`` are the engine's own plain text). ``cached``: the prompt tokens found in the
+    producer's prefix cache, reported in ``usage.prompt_tokens_details.cached_tokens`` and
+    ``remote_prefill_cached_tokens`` (None: prefix caching off, no details)."""
     ids = block_ids_text(block_ids)
+    details = "" if cached is None else f',"prompt_tokens_details":{{"cached_tokens":{cached}}}'
     return (
         f'{{"id":{json.dumps(wire.completion_id(rid, False))},"object":"text_completion",'
         f'"created":{CREATED},"model":{model_json},"choices":[{{'
         f'"index":0,"text":"x","logprobs":null,"finish_reason":"length","stop_reason":null,'
         f'"prompt_logprobs":null}}],"usage":{{"prompt_tokens":{prompt},'
-        f'"total_tokens":{prompt + 1},"completion_tokens":1}},"kv_transfer_params":{{'
+        f'"total_tokens":{prompt + 1},"completion_tokens":1{details}}},"kv_transfer_params":{{'
         f'"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[{ids}]],'
         f'"remote_engine_id":"{engine_id}","remote_request_id":{json.dumps(remote_request_id)},'
         f'"remote_host":"{host}","remote_port":{port},"tp_size":1,'
         f'"dcp_size":1,"pp_size":1,"remote_num_tokens":{prompt},'
         f'"remote_blocks_expiry_time":null,"transfer_mode":"pull",'
-        f'"remote_prefill_cached_tokens":0}}}}'
+        f'"remote_prefill_cached_tokens":{cached or 0}}}}}'
     ).encode()
 
 
