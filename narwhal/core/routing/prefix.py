@@ -203,3 +203,9 @@ class PrefixAffinity(RoutingPolicy):
 
     def placed(self, url: str, request: ClientRequest | None, now: float) -> None:
         self.indexes[url].record(self.chain(request))
+
+    def serving_changed(self, serving: list[str]) -> None:
+        """An index per serving engine: a new engine starts empty, a removed one's is dropped."""
+        self.indexes = {
+            url: self.indexes.get(url) or PrefixIndex(self._limit) for url in serving
+        }
