@@ -59,9 +59,7 @@ class Reload:
     def summary(self) -> str:
         """One line for the operator."""
         if self.problems:
-            return f"{self.result}, keeping the previous configuration: " + "; ".join(
-                self.problems
-            )
+            return f"{self.result}, keeping the previous configuration: " + "; ".join(self.problems)
         if not self.applied:
             return self.result
         parts = [
