@@ -206,4 +206,7 @@ class PrefixAffinity(RoutingPolicy):
 
     def serving_changed(self, serving: list[str]) -> None:
         """An index per serving engine: a new engine starts empty, a removed one's is dropped."""
-        self.indexes = {url: self.indexes.get(url) or PrefixIndex(self._limit) for url in serving}
+        held = self.indexes
+        self.indexes = {
+            url: held[url] if url in held else PrefixIndex(self._limit) for url in serving
+        }
