@@ -66,7 +66,8 @@ class Reload:
             f"{label} {', '.join(urls)}"
             for label, urls in (
                 ("joining", self.added),
-                ("draining", self.removed),
+                ("draining", tuple(url for url in self.removed if url not in self.forgotten)),
+                ("removed (it held nothing)", self.forgotten),
                 ("kept (no longer draining)", self.kept),
                 ("changed", self.changed),
             )

@@ -142,13 +142,13 @@ class ConfigReloader:
                     await self.reload()
                 elif self._poll_s > 0 and now >= next_poll:
                     next_poll = now + self._poll_s
-                    if await self._changed():
+                    if await self.changed():
                         await self.reload()
         finally:
             if installed:
                 self._loop.remove_signal_handler(signal.SIGHUP)
 
-    async def _changed(self) -> bool:
+    async def changed(self) -> bool:
         """Whether the file differs from the last one read (a new fingerprint and a new
         digest; a touched file with the same content is not reloaded)."""
         seen = fingerprint(self.path)
