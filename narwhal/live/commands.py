@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -116,6 +117,8 @@ def serve_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"narwhal serve: {error}", file=sys.stderr)
         return 2
+    if hasattr(signal, "SIGHUP"):  # until the reload loop takes it: not the default (exit)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     requests_log = logging.getLogger("narwhal.requests")

@@ -238,3 +238,14 @@ def test_a_touched_file_with_the_same_content_is_not_reloaded(tmp_path: Path) ->
         return seen
 
     assert anyio.run(check) == [False, False, True]
+
+
+def test_narwhal_serve_refuses_a_negative_reload_poll(tmp_path: Path) -> None:
+    path = tmp_path / "narwhal.toml"
+    path.write_text("[[engines]]\nurl = 'http://p:1'\nrole = 'both'\n")
+    command = [sys.executable, "-m", "narwhal.cli", "serve", "--config", str(path)]
+    done = subprocess.run(
+        [*command, "--reload-poll-s", "-1"], cwd=REPO, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2
+    assert "--reload-poll-s must be within 0..3600" in done.stderr
