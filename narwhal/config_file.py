@@ -9,7 +9,9 @@ reading lives here, outside it.
 
 Theory of operation: :func:`parse_toml` turns TOML text into a mapping, :func:`read_toml` reads
 a file as UTF-8 and parses it, and :func:`load_config` is ``narwhal serve`` / ``preflight``'s
-whole path from a file to a validated :class:`~narwhal.core.config.NarwhalConfig`.
+whole path from a file to a validated :class:`~narwhal.core.config.NarwhalConfig`;
+:func:`config_from_bytes` is the same path from a file's bytes already read (a reload, which
+hashes what it read).
 """
 
 from __future__ import annotations
@@ -29,20 +31,31 @@ def parse_toml(text: str, source: str, error: type[ValueError]) -> dict[str, Any
         raise error(f"invalid TOML in {source}: {problem}") from None
 
 
-def read_toml(path: str | Path, what: str, error: type[ValueError]) -> dict[str, Any]:
-    """A TOML file (a configuration, scenario, sweep spec...) as a mapping, or ``error``."""
+def _utf8(data: bytes, what: str, path: str | Path, error: type[ValueError]) -> str:
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as problem:
-        raise error(f"cannot read {what} {path}: {problem.strerror or problem}") from None
+        return data.decode("utf-8")
     except UnicodeDecodeError as problem:
         raise error(
             f"cannot read {what} {path}: not UTF-8 text (byte {problem.start}); TOML files "
             "are UTF-8"
         ) from None
-    return parse_toml(text, str(path), error)
+
+
+def read_toml(path: str | Path, what: str, error: type[ValueError]) -> dict[str, Any]:
+    """A TOML file (a configuration, scenario, sweep spec...) as a mapping, or ``error``."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as problem:
+        raise error(f"cannot read {what} {path}: {problem.strerror or problem}") from None
+    return parse_toml(_utf8(data, what, path, error), str(path), error)
 
 
 def load_config(path: str | Path) -> NarwhalConfig:
     """Read and validate a TOML configuration file (:class:`ConfigError` names every bad key)."""
     return parse_config(read_toml(path, "configuration", ConfigError), str(path))
+
+
+def config_from_bytes(data: bytes, path: str | Path) -> NarwhalConfig:
+    """The configuration file ``path``'s content ``data``, validated (or :class:`ConfigError`)."""
+    text = _utf8(data, "configuration", path, ConfigError)
+    return parse_config(parse_toml(text, str(path), ConfigError), str(path))

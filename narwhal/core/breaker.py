@@ -34,6 +34,12 @@ Theory of operation:
 - Health checks: a failed check marks an engine down (EJECTED, reason "health"). Without an
   engine contract such an engine is readmitted by a passing check; with one, by a probe that
   also re-validates the contract. Breaker ejections always need an inference probe.
+- Fleet changes (a configuration reload, :mod:`narwhal.core.fleet_changes`): an added engine
+  is JOINING, held out like an ejected one (reason "joining") and probed at once, with the
+  normal cadence and backoff after a failed probe; it counts as a member of its roles (for the
+  ejection cap and whole waves) only once a probe passes. A removed engine is DRAINING: no
+  longer a member, never probed or health-checked, its failures change nothing (it is leaving);
+  it is forgotten once nothing holds it.
 """
 
 from __future__ import annotations
@@ -56,6 +62,11 @@ class EngineState(str, Enum):
     CAPPED = "capped"  # over eject_after, kept in service by the ejection cap: a last resort
     EJECTED = "ejected"
     PROBING = "probing"
+    JOINING = "joining"  # added by a reload, waiting for its first passing probe
+    DRAINING = "draining"  # removed by a reload, finishing what it holds
+
+
+JOINING_REASON = "joining"  # the eject_reason of an engine added by a reload
 
 
 class ProbeOutcome(str, Enum):
@@ -82,6 +93,7 @@ class EngineHealth:
     times_ejected: int = 0
     probe_producer: str | None = None  # for a consumer ejected after a crossed decode
     capped: bool = False  # reached eject_after while the ejection cap was reached
+    draining: bool = False  # removed by a reload: no placement, forgotten once free
 
     @property
     def streak(self) -> int:
@@ -106,7 +118,7 @@ class Breaker:
         self._rng = rng
         self._log = log
         self._contract = contract_configured
-        self._members = {  # the engines serving each role (roles are fixed for a fleet's life)
+        self._members = {  # the engines serving each role (changed only by fleet changes, below)
             role: [e for e in self._engines.values() if self._serves(e.role, role)]
             for role in (Role.PREFILL, Role.DECODE)
         }
@@ -120,8 +132,17 @@ class Breaker:
     def urls(self) -> list[str]:
         return list(self._engines)
 
+    @property
+    def in_fleet(self) -> list[str]:
+        """The engines health checks watch: every engine but the draining ones."""
+        return [url for url, engine in self._engines.items() if not engine.draining]
+
     def state(self, url: str, now: float) -> EngineState:
         engine = self._engines[url]
+        if engine.draining:
+            return EngineState.DRAINING
+        if engine.eject_reason == JOINING_REASON:
+            return EngineState.JOINING
         if engine.probing:
             return EngineState.PROBING
         if engine.ejected_since is not None:
@@ -171,7 +192,9 @@ class Breaker:
         ``producer`` names the producer of a crossed decode, so the readmission probe can use a
         fresh handoff from that same producer.
         """
-        engine = self._engines[url]
+        engine = self._engines.get(url)
+        if engine is None or engine.draining:  # leaving (or gone): nothing to decide about it
+            return False
         if epoch != engine.epoch or engine.ejected_since is not None:
             self._log.add(now, "stale", url, epoch=epoch)
             return False
@@ -196,7 +219,9 @@ class Breaker:
 
     def on_health(self, url: str, now: float, ok: bool) -> None:
         """Result of a background health check."""
-        engine = self._engines[url]
+        engine = self._engines.get(url)
+        if engine is None or engine.draining:  # forgotten or leaving while it was checked
+            return
         if not ok:
             if engine.ejected_since is None:
                 engine.probe_producer = None
@@ -227,13 +252,18 @@ class Breaker:
 
     def on_probe(self, url: str, now: float, outcome: ProbeOutcome) -> None:
         """Record the outcome of a probe started by :meth:`due_probes`."""
-        engine = self._engines[url]
-        if not engine.probing:
+        engine = self._engines.get(url)
+        if engine is None or not engine.probing:
             return
         engine.probing = False
         self._log.add(now, "probe_result", url, outcome=outcome.value)
+        if engine.draining:
+            return  # removed while it was probed: nothing more to learn
         if outcome is ProbeOutcome.PASSED:
-            self._readmit(engine, now, "probe")
+            if engine.eject_reason == JOINING_REASON:
+                self._join(engine, now)
+            else:
+                self._readmit(engine, now, "probe")
             return
         if outcome is ProbeOutcome.FAILED:
             engine.failed_probes += 1
@@ -242,7 +272,59 @@ class Breaker:
         factor = min(2.0**engine.failed_probes, BACKOFF_CAP)
         engine.next_probe_at = now + self._jittered(self._recovery.probe_interval_s * factor)
 
+    # ------------------------------------------------------------------ fleet changes
+
+    def add_joining(self, url: str, role: Role, now: float) -> None:
+        """A new engine ``url``: JOINING, probed at once, placeable once a probe passes."""
+        engine = EngineHealth(url, role, ejected_since=now, eject_reason=JOINING_REASON)
+        engine.next_probe_at = now
+        self._engines[url] = engine
+        self._log.add(now, "join_start", url, role=role.value)
+
+    def start_drain(self, url: str, now: float) -> None:
+        """``url`` leaves the fleet: it stops being a member of its roles (those left may now
+        be a whole wave, probed at once) and is never probed again."""
+        engine = self._engines[url]
+        engine.draining = True
+        engine.capped = False
+        self._log.add(now, "drain", url)
+        for role, members in self._members.items():
+            if engine in members:
+                members.remove(engine)
+                self._start_wave_if_whole(role, now)
+
+    def cancel_drain(self, url: str, now: float) -> None:
+        """``url``, draining, is listed again: a member once more, its health state kept."""
+        engine = self._engines[url]
+        engine.draining = False
+        self._log.add(now, "drain_cancelled", url)
+        self._add_member(engine)
+
+    def forget(self, url: str) -> None:
+        """Drop a draining engine (nothing holds it, no probe of it is in flight)."""
+        del self._engines[url]
+
     # ------------------------------------------------------------------ internals
+
+    def _join(self, engine: EngineHealth, now: float) -> None:
+        engine.ejected_since = None
+        engine.eject_reason = None
+        engine.epoch += 1
+        engine.failed_probes = 0
+        engine.next_probe_at = None
+        self._add_member(engine)
+        self._log.add(now, "join", engine.url)
+        for other in self._engines.values():  # a larger role: room under the cap
+            if other.capped and not self._ejection_capped(other):
+                self._eject(other, now, "breaker")
+
+    def _add_member(self, engine: EngineHealth) -> None:
+        """``engine`` serves its roles again (kept in fleet order, for stable iteration)."""
+        order = list(self._engines)
+        for role, members in self._members.items():
+            if self._serves(engine.role, role) and engine not in members:
+                members.append(engine)
+                members.sort(key=lambda e: order.index(e.url))
 
     def _eject(self, engine: EngineHealth, now: float, reason: str) -> None:
         engine.capped = False
@@ -254,11 +336,17 @@ class Breaker:
         engine.next_probe_at = now + self._jittered(self._recovery.probe_interval_s)
         self._log.add(now, "eject", engine.url, reason=reason, streak=engine.streak)
         for role in (Role.PREFILL, Role.DECODE):
-            if self._serves(engine.role, role) and self._whole_wave(role):
-                for other in self._engines.values():
-                    if self._serves(other.role, role) and not other.probing:
-                        other.next_probe_at = now
-                self._log.add(now, "whole_wave", None, role=role.value)
+            if self._serves(engine.role, role):
+                self._start_wave_if_whole(role, now)
+
+    def _start_wave_if_whole(self, role: Role, now: float) -> None:
+        """Every member of ``role`` is ejected: probe them all at once."""
+        if not self._whole_wave(role):
+            return
+        for other in self._members[role]:
+            if not other.probing:
+                other.next_probe_at = now
+        self._log.add(now, "whole_wave", None, role=role.value)
 
     def _readmit(self, engine: EngineHealth, now: float, via: str) -> None:
         engine.ejected_since = None
@@ -301,13 +389,14 @@ class Breaker:
         """A wave is probed together: all members are due once the earliest one is."""
         times = [
             e.next_probe_at
-            for e in self._engines.values()
-            if self._serves(e.role, role) and self._awaits_probe(e) and e.next_probe_at is not None
+            for e in self._members[role]
+            if self._awaits_probe(e) and e.next_probe_at is not None
         ]
         return bool(times) and now >= min(times)
 
     def _awaits_probe(self, engine: EngineHealth) -> bool:
-        """Ejected, not being probed, and readmitted by a probe (not by a health check)."""
-        if engine.ejected_since is None or engine.probing:
+        """Ejected or joining, not being probed, not draining, and readmitted by a probe (not
+        by a health check)."""
+        if engine.ejected_since is None or engine.probing or engine.draining:
             return False
         return engine.eject_reason != "health" or self._contract

@@ -165,7 +165,9 @@ class _Lifecycle:
         if failure.engine is None:
             return
         self.failed_engines.add(failure.engine)
-        epoch = self._epochs.get(failure.engine, self.policies.breaker.epoch(failure.engine))
+        epoch = self._epochs.get(failure.engine)
+        if epoch is None:
+            epoch = self.policies.breaker.epoch(failure.engine)
         producer = self._producer if failure.engine != self._producer else None
         self.policies.breaker.on_failure(
             failure.engine, epoch, now, phase=failure.phase, producer=producer

@@ -72,6 +72,8 @@ async def scrape_load(url: str, ports: Ports, policies: Policies) -> bool:
     now = ports.clock.now()
     load = _read(reply, contract.model if contract is not None else None)
     reports = policies.placement.load_reports
+    if not reports.tracks(url):
+        return False  # removed by a reload while it was scraped
     if isinstance(load, str):
         if reports.refuse(url, load):
             policies.log.add(now, "load_report_ignored", url, reason=load)
@@ -86,8 +88,7 @@ async def scrape_load(url: str, ports: Ports, policies: Policies) -> bool:
 async def load_scrape_loop(ports: Ports, policies: Policies, *, stop: Callable[[], bool]) -> None:
     """Scrape every engine of a ``least_loaded`` phase each ``scrape_interval_s`` (returns at
     once when no phase uses ``least_loaded``)."""
-    urls = scraped_engines(policies.config)
-    if not urls:
+    if not scraped_engines(policies.config):  # ([routing] is not reloadable)
         return
     interval = policies.config.routing.least_loaded.scrape_interval_s
     scraping: set[str] = set()
@@ -103,7 +104,7 @@ async def load_scrape_loop(ports: Ports, policies: Policies, *, stop: Callable[[
         ports.spawn(run)
 
     while not stop():
-        for url in urls:
+        for url in scraped_engines(policies.config):  # the fleet a reload may have changed
             if url not in scraping:
                 spawn_scrape(url)
         await ports.clock.sleep(interval)

@@ -24,6 +24,12 @@ those this request has not failed on if there are any, a quarantined engine befo
 and the quarantine that ends first before a later one (config order among equals), and logs a
 ``quarantine_fallback`` decision. Only when every engine of the role is ejected or being probed
 is there no placement (the caller answers 503 with Retry-After).
+
+Fleet changes (a configuration reload, :mod:`narwhal.core.fleet_changes`) reach placement
+through :meth:`Placement.serve`: the serving lists become the new fleet's, in its order (a
+joining engine is listed, and held out by the breaker until it joins; a draining one is not),
+and an engine's counts stay until :meth:`Placement.forget` drops it, once it holds nothing.
+Placing a request does no work for this.
 """
 
 from __future__ import annotations
@@ -76,7 +82,7 @@ class Placement:
         self._breaker = breaker
         self._log = log
         self.counts: dict[str, dict[str, int]] = {url: dict.fromkeys(PHASES, 0) for url in roles}
-        # the engines serving each phase, in config order (roles are fixed for a router's life)
+        # the engines serving each phase, in config order (changed only by serve())
         self._serving = {
             "prefill": [url for url, role in roles.items() if role.produces],
             "decode": [url for url, role in roles.items() if role.consumes],
@@ -99,6 +105,28 @@ class Placement:
         self.disaggregation = Disaggregation(settings, self.routing["decode"])
         self.local_without_producer = self.disaggregation.local_without_producer
         self.prefill_routes: PrefillRoutes = self.disaggregation.routes
+
+    def serve(self, roles: dict[str, Role]) -> None:
+        """The fleet is now ``roles`` (url -> role, in config order): the serving lists become
+        its engines (changed in place: the routing policies hold them), and each routing
+        policy learns the new lists."""
+        for url in roles:
+            if url not in self.counts:
+                self.counts[url] = dict.fromkeys(PHASES, 0)
+        self.load_reports.track(roles)
+        self._serving["prefill"][:] = [url for url, role in roles.items() if role.produces]
+        self._serving["decode"][:] = [url for url, role in roles.items() if role.consumes]
+        for phase, policy in self.routing.items():
+            policy.serving_changed(self._serving[phase])
+
+    def held(self, url: str) -> int:
+        """Reservations ``url`` holds now, of both phases."""
+        return sum(self.counts[url].values())
+
+    def forget(self, url: str) -> None:
+        """Drop ``url`` (no longer served, holding nothing) and its load reports."""
+        del self.counts[url]
+        self.load_reports.forget(url)
 
     def candidates(self, phase: str, now: float) -> list[str]:
         breaker = self._breaker

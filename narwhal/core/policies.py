@@ -2,16 +2,22 @@
 
 Rule kept here: all randomness of a router derives from one seed, split into one independent
 RNG per policy, so adding draws in one policy never shifts another's decisions.
+
+A running router's configuration changes only through :meth:`Policies.reconfigure` (a reload:
+:mod:`narwhal.core.fleet_changes` decides what may change and how the fleet moves), which
+swaps :attr:`Policies.config` whole when the reload is applied; a request reads the
+configuration once, when it starts.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from narwhal.core.admission import Admission
 from narwhal.core.breaker import Breaker
-from narwhal.core.config import NarwhalConfig
+from narwhal.core.config import NarwhalConfig, Role
+from narwhal.core.fleet_changes import FleetChanges, Reload
 from narwhal.core.placement import Placement
 from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.retry import RetryBudget
@@ -47,7 +53,8 @@ class Policies:
         )
         self._ids = random.Random(root.getrandbits(64))
         self.admission = Admission(config.admission, self.log)
-        # read on every request; the configuration does not change under a router
+        self.fleet = FleetChanges(self.breaker, self.placement, self.log)
+        # read on every request (engine_contract, which names it, is not reloadable)
         self.kv_connector = config.kv_connector
         self._side_channels = {entry.url: entry.kv_endpoint for entry in config.engines}
         self.on_record = on_record or (lambda record: None)
@@ -59,3 +66,34 @@ class Policies:
 
     def pinned_side_channel(self, producer: str) -> str | None:
         return self._side_channels[producer]
+
+    def reconfigure(self, new: NarwhalConfig, now: float) -> Reload:
+        """Reload: take ``new`` whole, or refuse it and keep the configuration (the result
+        says which, and why)."""
+        outcome = self.fleet.apply(self.config, new, now)
+        if outcome.applied:
+            self.config = new
+            # a draining producer keeps its side channel until it is forgotten
+            self._side_channels.update({entry.url: entry.kv_endpoint for entry in new.engines})
+            self._drop(outcome.forgotten)
+        return outcome
+
+    def reload_invalid(self, reason: str, now: float) -> Reload:
+        """A new configuration could not be read or validated: it is recorded, and ignored."""
+        return self.fleet.invalid(reason, now)
+
+    def settle(self, now: float) -> list[str]:
+        """Forget the draining engines that hold nothing any more (their urls)."""
+        forgotten = self.fleet.settle(now)
+        self._drop(forgotten)
+        return forgotten
+
+    def engines_known(self) -> list[tuple[str, Role]]:
+        """Every engine the router holds, (url, role): the configuration's, in its order,
+        then the draining ones."""
+        listed = [(entry.url, entry.role) for entry in self.config.engines]
+        return listed + list(self.fleet.draining.items())
+
+    def _drop(self, urls: Iterable[str]) -> None:
+        for url in urls:
+            self._side_channels.pop(url, None)

@@ -135,7 +135,7 @@ async def probe_engine(url: str, ports: Ports, policies: Policies) -> ProbeOutco
     """Judge an ejected engine by real inference (and the contract, when one is pinned)."""
     if await contract_problems(url, ports, policies):
         return ProbeOutcome.FAILED
-    role = policies.config.engine_by_url(url).role
+    role = policies.breaker.health(url).role  # (held until a probe in flight has ended)
     crossed = policies.breaker.health(url).probe_producer is not None
     if role.produces and not crossed:  # a producer, or a `both` engine: its own legs
         descriptor = await _prefill_leg(url, ports, policies)
@@ -224,7 +224,7 @@ async def maintenance_loop(
             spawn_probe(url)
         if health_checks and now >= next_health:
             next_health = now + interval
-            for url in policies.breaker.urls:
+            for url in policies.breaker.in_fleet:  # not the draining engines
                 if url not in checking:
                     spawn_health(url)
         await ports.clock.sleep(tick)

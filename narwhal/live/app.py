@@ -10,7 +10,8 @@ many JSON values, 400 malformed JSON or a request the core's parser refuses).
 Theory of operation: the lifespan opens the httpx transport and a task group; the task group is
 the core's ``spawn`` port (probes, health checks, load scrapes) and runs the maintenance loop
 and the load scrape loop (:mod:`narwhal.core.loadscrape`, idle unless a phase is placed by
-``least_loaded``). Each inference request first takes an admission slot
+``least_loaded``), and, for a router given its configuration file, the reload loop
+(:mod:`narwhal.live.reload`). Each inference request first takes an admission slot
 (``Policies.admission``; refused: the core's 503 with Retry-After,
 :func:`narwhal.core.entry.refuse`), held until it ends, then reads and parses its body once
 within ``[admission]``'s bounds, and runs in its own task group next to a watcher of
@@ -30,6 +31,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -62,6 +64,7 @@ from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock, to_wall
 from narwhal.live.lag import LagMonitor
 from narwhal.live.metrics import RouterMetrics, status_document
+from narwhal.live.reload import DEFAULT_POLL_S, ConfigReloader
 from narwhal.live.sink import AsgiSink, run_with_disconnect
 from narwhal.live.transport import HttpxTransport
 
@@ -97,13 +100,28 @@ class Router:
         api_key: str | None = None,
         tick_s: float | None = None,
         announce: Callable[[str], None] | None = None,
+        config_path: str | Path | None = None,
+        reload_poll_s: float = DEFAULT_POLL_S,
+        reload_on_sighup: bool = False,
     ) -> None:
-        self.config = config
         self.clock = AnyioClock()
         self.stalls = StallLedger()  # the event loop's stalls: they extend every deadline
         self.metrics = RouterMetrics()
         decisions = DecisionLog(on_decision=self.metrics.on_decision, keep=DECISIONS_KEPT)
         self.policies = Policies(config, seed=seed, log=decisions, on_record=self._on_record)
+        # config_path: reloaded on SIGHUP (when told) and when it changes (narwhal.live.reload)
+        self.reloader = (
+            None
+            if config_path is None
+            else ConfigReloader(
+                config_path,
+                self.policies,
+                self.clock,
+                poll_s=reload_poll_s,
+                sighup=reload_on_sighup,
+                say=announce,
+            )
+        )
         self.metrics.attach(self.policies, self.clock)
         self.metrics.attach_stalls(self.stalls)
         self._api_key = api_key or None
@@ -129,6 +147,11 @@ class Router:
         # redirect); a wrong path is a 404 instead
         self.starlette.router.redirect_slashes = False
         self.app = _FastPath(self.starlette, inference)
+
+    @property
+    def config(self) -> NarwhalConfig:
+        """The configuration in force (a reload replaces it whole)."""
+        return self.policies.config
 
     # ------------------------------------------------------------------ lifespan and ports
 
@@ -170,6 +193,8 @@ class Router:
             group.start_soon(
                 partial(load_scrape_loop, self._ports, self.policies, stop=lambda: self._stopping)
             )
+            if self.reloader is not None:
+                group.start_soon(partial(self.reloader.run, stop=lambda: self._stopping))
             try:
                 yield
             finally:

@@ -2,7 +2,8 @@
 
 Rule kept here: handlers only parse arguments, build the live pieces and report; every exit
 status is an int (0 success, 1 a check or the server failed, 2 bad configuration or usage).
-Heavy imports happen inside the handlers so ``narwhal --help`` stays fast.
+Heavy imports happen inside the handlers so ``narwhal --help`` stays fast. ``serve``
+reloads its configuration file on SIGHUP and when the file changes (:mod:`narwhal.live.reload`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,6 +47,13 @@ def register(subparsers: Any) -> None:
         default=10.0,
         help="on SIGTERM/SIGINT, how long requests in flight may finish before they are ended "
         "with a 503 or a terminal SSE error event (default 10)",
+    )
+    serve.add_argument(
+        "--reload-poll-s",
+        type=float,
+        default=2.0,
+        help="how often the configuration file is checked for changes, which are reloaded "
+        "as on SIGHUP (default 2; 0: only on SIGHUP)",
     )
     serve.set_defaults(func=serve_command)
 
@@ -97,6 +106,9 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.graceful_s < 0:
         print("narwhal serve: --graceful-s must be >= 0", file=sys.stderr)
         return 2
+    if not 0 <= args.reload_poll_s <= 3600:
+        print("narwhal serve: --reload-poll-s must be within 0..3600", file=sys.stderr)
+        return 2
     config = _load(args.config)
     if config is None:
         return 2
@@ -105,6 +117,8 @@ def serve_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"narwhal serve: {error}", file=sys.stderr)
         return 2
+    if hasattr(signal, "SIGHUP"):  # until the reload loop takes it: not the default (exit)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     requests_log = logging.getLogger("narwhal.requests")
@@ -127,6 +141,10 @@ def serve_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         api_key=api_key,
         announce=lambda line: print(line, file=sys.stderr, flush=True),
+        # SIGHUP (uvicorn takes SIGINT and SIGTERM only) and changes of the file reload it
+        config_path=args.config,
+        reload_poll_s=args.reload_poll_s,
+        reload_on_sighup=True,
     )
     server = make_router_server(router.app, log_level=args.log_level, graceful_s=args.graceful_s)
     serve_blocking(server, [sock])

@@ -72,15 +72,13 @@ class _FleetCollector:
         held = GaugeMetricFamily(
             "narwhal_reservations_in_flight", "phase reservations held", labels=["engine", "phase"]
         )
-        for entry in policies.config.engines:
-            current = policies.breaker.state(entry.url, now)
+        for url, role in policies.engines_known():  # draining engines too, until forgotten
+            current = policies.breaker.state(url, now)
             for candidate in EngineState:
-                state.add_metric(
-                    [entry.url, entry.role.value, candidate.value], float(candidate is current)
-                )
-            streak.add_metric([entry.url], float(policies.breaker.health(entry.url).streak))
-            for phase, count in policies.placement.counts[entry.url].items():
-                held.add_metric([entry.url, phase], float(count))
+                state.add_metric([url, role.value, candidate.value], float(candidate is current))
+            streak.add_metric([url], float(policies.breaker.health(url).streak))
+            for phase, count in policies.placement.counts[url].items():
+                held.add_metric([url, phase], float(count))
         yield state
         yield streak
         yield held
@@ -279,6 +277,13 @@ class RouterMetrics:
             "writes to a client that outlasted the engine's silence deadline (not charged)",
             registry=r,
         )
+        self.config_reloads = Counter(
+            "narwhal_config_reloads",
+            "configuration reloads by result: applied, unchanged, refused (a key that does "
+            "not reload), invalid (unreadable or not valid)",
+            ["result"],
+            registry=r,
+        )
         self.client_cuts = Counter(
             "narwhal_client_cutoffs",
             "clients cut off for not reading (their own fault, no engine charged)",
@@ -337,6 +342,8 @@ class RouterMetrics:
             self.admission_refused.inc()
         elif kind == "client_blocked":
             self.client_blocked.inc()
+        elif kind == "reload":
+            self.config_reloads.labels(str(detail.get("result", ""))).inc()
         elif kind == "client_cut":
             self.client_cuts.labels(str(detail.get("reason", ""))).inc()
 
@@ -348,22 +355,23 @@ def status_document(policies: Policies, clock: AnyioClock) -> dict[str, Any]:
     """The ``GET /status`` JSON (times in seconds since the epoch)."""
     now = clock.now()
     engines: list[dict[str, Any]] = []
-    for entry in policies.config.engines:
-        health = policies.breaker.health(entry.url)
-        state = policies.breaker.state(entry.url, now)
+    for url, role in policies.engines_known():  # joining and draining engines too
+        health = policies.breaker.health(url)
+        state = policies.breaker.state(url, now)
         quarantined = health.quarantined_until
         if quarantined is not None and quarantined <= now:
             quarantined = None
+        ejected = None if state is EngineState.JOINING else health.ejected_since
         engines.append(
             {
-                "url": entry.url,
-                "role": entry.role.value,
+                "url": url,
+                "role": role.value,
                 "state": state.value,
                 "failure_streak": health.streak,
-                "ejected_since": to_wall(clock, health.ejected_since),
+                "ejected_since": to_wall(clock, ejected),
                 "quarantined_until": to_wall(clock, quarantined),
-                "reservations": dict(policies.placement.counts[entry.url]),
-                **_load_status(policies, clock, entry.url),
+                "reservations": dict(policies.placement.counts[url]),
+                **_load_status(policies, clock, url),
             }
         )
     return {

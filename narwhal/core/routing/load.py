@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from narwhal.core.config import LeastLoadedSettings
@@ -75,6 +76,24 @@ class LoadReports:
         self.reported = dict.fromkeys(urls, 0)  # reports taken, per engine
         self.refused = dict.fromkeys(urls, 0)  # scrapes that gave no usable load, per engine
         self._problem: dict[str, str] = {}  # why the engine's latest scrape gave no load
+
+    def track(self, urls: Iterable[str]) -> None:
+        """Also hold reports of ``urls`` (engines added by a reload)."""
+        for url in urls:
+            self.reported.setdefault(url, 0)
+            self.refused.setdefault(url, 0)
+        self._urls = frozenset(self.reported)
+
+    def forget(self, url: str) -> None:
+        """Drop ``url`` (an engine a reload removed) and what it reported."""
+        self.reported.pop(url, None)
+        self.refused.pop(url, None)
+        self._latest.pop(url, None)
+        self._problem.pop(url, None)
+        self._urls = frozenset(self.reported)
+
+    def tracks(self, url: str) -> bool:
+        return url in self._urls
 
     def report(self, url: str, load: EngineLoad, now: float) -> None:
         """Record ``url``'s load as measured at ``now``; a report older than the held one is

@@ -61,6 +61,9 @@ class RoutingPolicy:
     def placed(self, url: str, request: ClientRequest | None, now: float) -> None:
         """``url`` got ``request`` without :meth:`choose` (placement's quarantine fallback)."""
 
+    def serving_changed(self, serving: list[str]) -> None:
+        """The engines serving the phase are now ``serving`` (a configuration reload)."""
+
 
 class LeastReserved(RoutingPolicy):
     """The fewest reservations of the phase (today's rule and the default)."""
@@ -80,6 +83,12 @@ class RoundRobin(RoutingPolicy):
         super().__init__(phase, counts, rng)
         self._position = {url: i for i, url in enumerate(serving)}
         self._last = -1  # the config position of the engine chosen last
+
+    def serving_changed(self, serving: list[str]) -> None:
+        """New positions; the turn goes on from the first engine after the one chosen last."""
+        last = next((url for url, i in self._position.items() if i == self._last), None)
+        self._position = {url: i for i, url in enumerate(serving)}
+        self._last = self._position.get(last, -1) if last is not None else -1
 
     def choose(self, candidates: list[str], request: ClientRequest | None, now: float) -> str:
         position = self._position

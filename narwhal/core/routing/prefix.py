@@ -203,3 +203,10 @@ class PrefixAffinity(RoutingPolicy):
 
     def placed(self, url: str, request: ClientRequest | None, now: float) -> None:
         self.indexes[url].record(self.chain(request))
+
+    def serving_changed(self, serving: list[str]) -> None:
+        """An index per serving engine: a new engine starts empty, a removed one's is dropped."""
+        held = self.indexes
+        self.indexes = {
+            url: held[url] if url in held else PrefixIndex(self._limit) for url in serving
+        }
