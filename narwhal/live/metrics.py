@@ -194,7 +194,7 @@ class RouterMetrics:
         self.requests = Counter(
             "narwhal_requests",
             "client requests by outcome and status",
-            ["outcome", "status"],
+            ["outcome", "status", "model"],
             registry=r,
         )
         # The contract's two times, named for what they measure (docs/live.md): the client's
@@ -204,28 +204,35 @@ class RouterMetrics:
             "arrival to the first generated output sent on (the client's time to first token; "
             "the contract's first_byte_s)",
             buckets=LATENCY_BUCKETS,
+            labelnames=["model"],
             registry=r,
         )
         self.time_to_prefill = Histogram(
             "narwhal_time_to_prefill_seconds",
             "arrival to the producer's prefill leg completed (the contract's ttft_s)",
             buckets=LATENCY_BUCKETS,
+            labelnames=["model"],
             registry=r,
         )
         self.e2e_latency = Histogram(
             "narwhal_e2e_request_latency_seconds",
             "arrival to the end of the response, every request",
             buckets=E2E_BUCKETS,
+            labelnames=["model"],
             registry=r,
         )
         self.time_per_output_token = Histogram(
             "narwhal_time_per_output_token_seconds",
             "mean time between generated outputs after the first, per successful request",
             buckets=TPOT_BUCKETS,
+            labelnames=["model"],
             registry=r,
         )
         self.generation_tokens = Counter(
-            "narwhal_generation_tokens", "generated outputs sent to clients", registry=r
+            "narwhal_generation_tokens",
+            "generated outputs sent to clients",
+            ["model"],
+            registry=r,
         )
         self.build_info = Gauge(
             "narwhal_build_info", "1, labelled with the build", ["version", "python"], registry=r
@@ -294,18 +301,20 @@ class RouterMetrics:
         """Start collecting the event-loop stall counters of ``ledger``."""
         self.registry.register(_StallCollector(ledger))
 
-    def on_record(self, record: RequestRecord) -> None:
-        self.requests.labels(record.outcome, str(record.status)).inc()
+    def on_record(self, record: RequestRecord, model: str) -> None:
+        """Count one finished request; ``model`` is its label (bounded: ``ModelLabels``)."""
+        self.requests.labels(record.outcome, str(record.status), model).inc()
         self.attempts.inc(record.attempts)
-        self.e2e_latency.observe(record.finished_s)
-        self.generation_tokens.inc(record.output_tokens)
+        self.e2e_latency.labels(model).observe(record.finished_s)
+        self.generation_tokens.labels(model).inc(record.output_tokens)
         if record.ttft_s is not None:
-            self.time_to_prefill.observe(record.ttft_s)
+            self.time_to_prefill.labels(model).observe(record.ttft_s)
         if record.first_byte_s is not None:
-            self.time_to_first_token.observe(record.first_byte_s)
+            self.time_to_first_token.labels(model).observe(record.first_byte_s)
             if record.status == 200 and record.output_tokens > 1:
                 decode_s = record.finished_s - record.first_byte_s
-                self.time_per_output_token.observe(decode_s / (record.output_tokens - 1))
+                tpot = self.time_per_output_token.labels(model)
+                tpot.observe(decode_s / (record.output_tokens - 1))
 
     def on_decision(self, decision: Decision) -> None:
         detail = dict(decision.detail)
