@@ -18,13 +18,13 @@ from tests.live.conftest import FAST_ENGINE, HTTP, Emulator, Servers
 
 pytest.importorskip("opentelemetry.sdk.trace", reason="the otel extra is not installed")
 
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 
-from narwhal.live.tracing import RouterTracing, TracingUnavailable  # noqa: E402
+from narwhal.live.tracing import RouterTracing, TracingUnavailable
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_PARENT = "00f067aa0ba902b7"
@@ -110,7 +110,8 @@ def test_a_request_span_has_a_child_per_leg_and_each_engine_gets_its_legs_trace(
     reply = completion(url, {"X-Request-Id": "client-abc"})
     assert reply.status_code == 200 and "[DONE]" in reply.text
     named = by_name(spans_once(exporter, 3))
-    (request,), (prefill,), (decode,) = named["POST /v1/completions"], named["prefill"], named["decode"]
+    (request,) = named["POST /v1/completions"]
+    (prefill,), (decode,) = named["prefill"], named["decode"]
     assert request.attributes is not None
     assert {k: request.attributes[k] for k in (
         "narwhal.request_id", "http.route", "narwhal.model", "narwhal.outcome",
