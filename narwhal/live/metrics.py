@@ -185,6 +185,26 @@ class _StallCollector:
         )
 
 
+class _ModelSeries:
+    """One model label's children of the request-level series (``labels()`` once, not per
+    request)."""
+
+    __slots__ = (
+        "e2e_latency",
+        "generation_tokens",
+        "time_per_output_token",
+        "time_to_first_token",
+        "time_to_prefill",
+    )
+
+    def __init__(self, metrics: RouterMetrics, model: str) -> None:
+        self.e2e_latency = metrics.e2e_latency.labels(model)
+        self.generation_tokens = metrics.generation_tokens.labels(model)
+        self.time_to_prefill = metrics.time_to_prefill.labels(model)
+        self.time_to_first_token = metrics.time_to_first_token.labels(model)
+        self.time_per_output_token = metrics.time_per_output_token.labels(model)
+
+
 class RouterMetrics:
     """The router's Prometheus registry, fed by records and decisions."""
 
@@ -293,6 +313,8 @@ class RouterMetrics:
             registry=r,
         )
 
+        self._per_model: dict[str, _ModelSeries] = {}
+
     def attach(self, policies: Policies, clock: AnyioClock) -> None:
         """Start collecting the fleet gauges of ``policies``."""
         self.registry.register(_FleetCollector(policies, clock))
@@ -305,16 +327,18 @@ class RouterMetrics:
         """Count one finished request; ``model`` is its label (bounded: ``ModelLabels``)."""
         self.requests.labels(record.outcome, str(record.status), model).inc()
         self.attempts.inc(record.attempts)
-        self.e2e_latency.labels(model).observe(record.finished_s)
-        self.generation_tokens.labels(model).inc(record.output_tokens)
+        series = self._per_model.get(model)
+        if series is None:  # once per label value (a bounded set)
+            series = self._per_model[model] = _ModelSeries(self, model)
+        series.e2e_latency.observe(record.finished_s)
+        series.generation_tokens.inc(record.output_tokens)
         if record.ttft_s is not None:
-            self.time_to_prefill.labels(model).observe(record.ttft_s)
+            series.time_to_prefill.observe(record.ttft_s)
         if record.first_byte_s is not None:
-            self.time_to_first_token.labels(model).observe(record.first_byte_s)
+            series.time_to_first_token.observe(record.first_byte_s)
             if record.status == 200 and record.output_tokens > 1:
                 decode_s = record.finished_s - record.first_byte_s
-                tpot = self.time_per_output_token.labels(model)
-                tpot.observe(decode_s / (record.output_tokens - 1))
+                series.time_per_output_token.observe(decode_s / (record.output_tokens - 1))
 
     def on_decision(self, decision: Decision) -> None:
         detail = dict(decision.detail)
