@@ -128,6 +128,20 @@ class ClientSettings(_Strict):
     write_timeout_s: DurationOrOff = 30.0
 
 
+class TracingSettings(_Strict):
+    """OpenTelemetry tracing of the live router (the ``otel`` extra; docs/live.md, Tracing).
+
+    ``exporter``: ``otlp`` sends spans over OTLP/HTTP to ``otlp_endpoint`` (empty: the
+    standard ``OTEL_EXPORTER_OTLP_*`` environment variables, else localhost:4318); ``console``
+    writes them to stderr (stdout holds only the JSON log lines).
+    """
+
+    enabled: Annotated[bool, Strict()] = False
+    exporter: Literal["otlp", "console"] = "otlp"
+    otlp_endpoint: str = ""  # e.g. http://otel-collector:4318/v1/traces
+    service_name: str = Field(default="narwhal", min_length=1)
+
+
 class EngineContract(_Strict):
     """What every engine must be; checked by preflight and on breaker readmission."""
 
@@ -271,6 +285,7 @@ class NarwhalConfig(_Strict):
     routing: RoutingSettings = RoutingSettings()
     admission: AdmissionSettings = AdmissionSettings()
     client: ClientSettings = ClientSettings()
+    tracing: TracingSettings = TracingSettings()
     engine_contract: EngineContract | None = None
     engines: list[EngineEntry] = Field(min_length=1)
 

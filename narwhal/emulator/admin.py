@@ -11,7 +11,7 @@ Theory of operation:
 - ``DELETE /admin/faults``: every fault forgotten and every engine-wide fault ended.
 - ``GET /admin/faults``: the per-request faults; ``GET /admin/state``: the counters, the held /
   pulled / released / expired handoffs, the faults and whether the engine is frozen, hung or
-  listening (:func:`engine_state`).
+  listening, and the newest ``traceparent`` headers received (:func:`engine_state`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def engine_state(state: EngineState, actor: FaultActor) -> dict[str, Any]:
         "frozen": actor.frozen,
         "hung": actor.hung,
         "listening": actor.listening,
+        "traceparents": [list(pair) for pair in state.traceparents],
     }
 
 

@@ -67,6 +67,7 @@ class EmulatorApp:
             return
         if method == "POST" and path in INFERENCE_PATHS:
             chat = path.endswith("chat/completions")
+            self._note_traceparent(scope)
 
             def aborted() -> None:
                 self.engine.counts["aborted"] += 1
@@ -86,6 +87,14 @@ class EmulatorApp:
             await self.handoff.release(raw, send)
         else:
             await json_reply(send, 404, NOT_FOUND)
+
+    def _note_traceparent(self, scope: Scope) -> None:
+        """Keep the W3C trace context a request carried (``/admin/state`` shows it)."""
+        headers = dict(scope["headers"])
+        traceparent = headers.get(b"traceparent")
+        if traceparent is not None:
+            request_id = headers.get(b"x-request-id", b"").decode("latin-1")
+            self.engine.traceparents.append((request_id, traceparent.decode("latin-1")))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

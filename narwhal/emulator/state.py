@@ -12,13 +12,15 @@ the configuration names one. Two RNGs come from the seed: ``rng`` for request an
 ``fault_rng`` for the per-request faults' probabilities (so drawing faults never changes an id);
 engines meant to fail independently are given different seeds. ``counts`` are the counters
 ``/admin/state`` shows (in this order) and ``/metrics`` reports under vLLM's names; ``running``
-is the number of requests being served and ``running_kv_blocks`` the KV blocks they hold.
+is the number of requests being served and ``running_kv_blocks`` the KV blocks they hold;
+``traceparents`` the newest trace contexts received (so tests see what a router propagated).
 """
 
 from __future__ import annotations
 
 import random
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 
 from narwhal.core.config import Role
@@ -40,6 +42,7 @@ COUNTERS = (
     "local_tokens",
     "kv_bytes",
 )
+TRACEPARENTS_KEPT = 64  # the newest W3C traceparent headers received, for /admin/state
 
 
 @dataclass
@@ -78,6 +81,10 @@ class EngineState:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     running: int = 0
     running_kv_blocks: int = 0  # the KV blocks the requests being served hold
+    # (x-request-id, traceparent) of the newest inference requests that carried a traceparent
+    traceparents: deque[tuple[str, str]] = field(
+        default_factory=lambda: deque(maxlen=TRACEPARENTS_KEPT)
+    )
 
     @classmethod
     def create(cls, config: EmulatorConfig) -> EngineState:

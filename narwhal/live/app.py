@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import json
 import logging
 import re
 import uuid
@@ -52,7 +51,7 @@ from narwhal.core.loadscrape import load_scrape_loop
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports, Reply
 from narwhal.core.probe import maintenance_loop
-from narwhal.core.records import DecisionLog, RequestRecord
+from narwhal.core.records import DecisionLog
 from narwhal.core.requests import (
     CHAT,
     COMPLETIONS,
@@ -61,11 +60,13 @@ from narwhal.core.requests import (
     parse_client_request,
 )
 from narwhal.core.stalls import StallLedger
-from narwhal.live.clock import AnyioClock, to_wall
+from narwhal.live.clock import AnyioClock
 from narwhal.live.lag import LagMonitor
 from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.reload import DEFAULT_POLL_S, ConfigReloader
+from narwhal.live.reporting import SHUTDOWN_MESSAGE, ModelLabels, RequestReporter, ServedRequest
 from narwhal.live.sink import AsgiSink, run_with_disconnect
+from narwhal.live.tracing import start_tracing
 from narwhal.live.transport import HttpxTransport
 
 FLEET_QUERY_TIMEOUT_S = 2.0
@@ -76,7 +77,6 @@ CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+=/-]{1,128}")
 DECISIONS_KEPT = 10_000  # the decision log a router holds in memory (it runs for weeks)
 
 log = logging.getLogger("narwhal.live")
-request_log = logging.getLogger("narwhal.requests")
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
@@ -103,12 +103,21 @@ class Router:
         config_path: str | Path | None = None,
         reload_poll_s: float = DEFAULT_POLL_S,
         reload_on_sighup: bool = False,
+        tracer_provider: Any = None,
     ) -> None:
         self.clock = AnyioClock()
         self.stalls = StallLedger()  # the event loop's stalls: they extend every deadline
         self.metrics = RouterMetrics()
-        decisions = DecisionLog(on_decision=self.metrics.on_decision, keep=DECISIONS_KEPT)
-        self.policies = Policies(config, seed=seed, log=decisions, on_record=self._on_record)
+        # tracing off: None, and nothing below is wrapped (tracer_provider: tests, embedders)
+        self.tracing = start_tracing(config.tracing, tracer_provider)
+        pinned = config.engine_contract.model if config.engine_contract else None
+        self.reporter = RequestReporter(self.metrics, self.clock, ModelLabels(pinned), self.tracing)
+        metrics_hook = self.metrics.on_decision
+        on_decision = metrics_hook if self.tracing is None else self.tracing.observing(metrics_hook)
+        decisions = DecisionLog(on_decision=on_decision, keep=DECISIONS_KEPT)
+        self.policies = Policies(
+            config, seed=seed, log=decisions, on_record=self.reporter.on_record
+        )
         # config_path: reloaded on SIGHUP (when told) and when it changes (narwhal.live.reload)
         self.reloader = (
             None
@@ -176,7 +185,8 @@ class Router:
 
                 group.start_soon(guarded)
 
-            self._ports = Ports(self.clock, transport, spawn)
+            traced = transport if self.tracing is None else self.tracing.wrap(transport)
+            self._ports = Ports(self.clock, traced, spawn)
             if self._announce is not None:
                 for line in await self.describe_fleet():
                     self._announce(line)
@@ -234,6 +244,7 @@ class Router:
             names = [
                 m.get("id") for m in (data if isinstance(data, list) else ()) if isinstance(m, dict)
             ]
+            self.reporter.models.learn(names)
             found = version.get("version") if isinstance(version, dict) else None
             lines.append(
                 f"  {entry.url:<28} {entry.role.value:<8} vllm {found or '?'}  "
@@ -241,26 +252,7 @@ class Router:
             )
         return lines
 
-    # ------------------------------------------------------------------ records
-
-    def _on_record(self, record: RequestRecord) -> None:
-        self.metrics.on_record(record)
-        line = {
-            "event": "request",
-            "request_id": record.request_id,
-            "arrival": to_wall(self.clock, record.arrival),
-            "ttft_s": record.ttft_s,
-            "first_byte_s": record.first_byte_s,
-            "finished_s": record.finished_s,
-            "attempts": record.attempts,
-            "engines": list(record.engines),
-            "outcome": record.outcome,
-            "status": record.status,
-            "committed": record.committed,
-            "output_tokens": record.output_tokens,
-            "error": record.error,
-        }
-        request_log.info(json.dumps(line))
+    # ------------------------------------------------------------------ request ids
 
     @staticmethod
     def request_id_for(headers: Headers) -> str:
@@ -304,6 +296,7 @@ class Router:
             for model in data if isinstance(data, list) else []:
                 if isinstance(model, dict) and isinstance(model.get("id"), str):
                     merged.setdefault(model["id"], model)
+        self.reporter.models.learn(merged)
         if not merged:
             return JSONResponse(
                 wire.error_object(503, "no engine answered /v1/models", "no_engine_available"), 503
@@ -356,7 +349,6 @@ class _FastPath:
         await self.starlette(scope, receive, send)
 
 
-SHUTDOWN_MESSAGE = "the router is shutting down; retry the request"
 SHUTDOWN_WRITE_S = 1.0  # the most a request cut short by shutdown waits to tell its client
 
 
@@ -396,12 +388,14 @@ class _Inference:
         if not admission.try_admit(arrival, request_id):  # before the body is read
             await refuse(request_id, arrival, router.ports, router.policies, sink)
             return
+        served = router.reporter.begin(request_id, self.endpoint, headers, sink)
         try:
             request = await self._read_request(receive, headers, sink, request_id, arrival)
             if request is not None:
-                await self._serve(request, receive, send, sink)
+                await self._serve(request, receive, send, sink, served)
         finally:
             admission.release()
+            router.reporter.end(served)
 
     async def _read_request(
         self, receive: Receive, headers: Headers, sink: AsgiSink, request_id: str, arrival: float
@@ -436,9 +430,15 @@ class _Inference:
             return None
 
     async def _serve(
-        self, request: ClientRequest, receive: Receive, send: Send, sink: AsgiSink
+        self,
+        request: ClientRequest,
+        receive: Receive,
+        send: Send,
+        sink: AsgiSink,
+        served: ServedRequest,
     ) -> None:
         router = self.router
+        served.set_model(router.reporter.models, request.body.get("model"))
 
         async def work() -> None:
             await serve_request(request, router.ports, router.policies, sink)
@@ -449,9 +449,13 @@ class _Inference:
         except anyio.get_cancelled_exc_class():
             # The server cancels what is still running when its shutdown grace period ends:
             # the client gets a clear end (a 503, or one terminal SSE event after the 200)
-            # instead of a cut connection. The core has already released everything.
+            # instead of a cut connection. The core has already released everything; its
+            # record of a cancelled request is reported as what this answer is.
+            answering, committed = not (sink.gone or sink.finished or sink.cut), sink.started
             with anyio.move_on_after(SHUTDOWN_WRITE_S, shield=True):  # a client not reading
                 await _answer_shutdown(sink, send)
+            if answering:
+                router.reporter.shut_down(served, committed)
 
     async def _read_body(self, receive: Receive, headers: Headers, sink: AsgiSink) -> bytes | None:
         limit = self.router.config.admission.max_body_bytes

@@ -183,6 +183,26 @@ class _StallCollector:
         )
 
 
+class _ModelSeries:
+    """One model label's children of the request-level series (``labels()`` once, not per
+    request)."""
+
+    __slots__ = (
+        "e2e_latency",
+        "generation_tokens",
+        "time_per_output_token",
+        "time_to_first_token",
+        "time_to_prefill",
+    )
+
+    def __init__(self, metrics: RouterMetrics, model: str) -> None:
+        self.e2e_latency = metrics.e2e_latency.labels(model)
+        self.generation_tokens = metrics.generation_tokens.labels(model)
+        self.time_to_prefill = metrics.time_to_prefill.labels(model)
+        self.time_to_first_token = metrics.time_to_first_token.labels(model)
+        self.time_per_output_token = metrics.time_per_output_token.labels(model)
+
+
 class RouterMetrics:
     """The router's Prometheus registry, fed by records and decisions."""
 
@@ -192,7 +212,7 @@ class RouterMetrics:
         self.requests = Counter(
             "narwhal_requests",
             "client requests by outcome and status",
-            ["outcome", "status"],
+            ["outcome", "status", "model"],
             registry=r,
         )
         # The contract's two times, named for what they measure (docs/live.md): the client's
@@ -202,28 +222,35 @@ class RouterMetrics:
             "arrival to the first generated output sent on (the client's time to first token; "
             "the contract's first_byte_s)",
             buckets=LATENCY_BUCKETS,
+            labelnames=["model"],
             registry=r,
         )
         self.time_to_prefill = Histogram(
             "narwhal_time_to_prefill_seconds",
             "arrival to the producer's prefill leg completed (the contract's ttft_s)",
             buckets=LATENCY_BUCKETS,
+            labelnames=["model"],
             registry=r,
         )
         self.e2e_latency = Histogram(
             "narwhal_e2e_request_latency_seconds",
             "arrival to the end of the response, every request",
             buckets=E2E_BUCKETS,
+            labelnames=["model"],
             registry=r,
         )
         self.time_per_output_token = Histogram(
             "narwhal_time_per_output_token_seconds",
             "mean time between generated outputs after the first, per successful request",
             buckets=TPOT_BUCKETS,
+            labelnames=["model"],
             registry=r,
         )
         self.generation_tokens = Counter(
-            "narwhal_generation_tokens", "generated outputs sent to clients", registry=r
+            "narwhal_generation_tokens",
+            "generated outputs sent to clients",
+            ["model"],
+            registry=r,
         )
         self.build_info = Gauge(
             "narwhal_build_info", "1, labelled with the build", ["version", "python"], registry=r
@@ -291,6 +318,8 @@ class RouterMetrics:
             registry=r,
         )
 
+        self._per_model: dict[str, _ModelSeries] = {}
+
     def attach(self, policies: Policies, clock: AnyioClock) -> None:
         """Start collecting the fleet gauges of ``policies``."""
         self.registry.register(_FleetCollector(policies, clock))
@@ -299,18 +328,22 @@ class RouterMetrics:
         """Start collecting the event-loop stall counters of ``ledger``."""
         self.registry.register(_StallCollector(ledger))
 
-    def on_record(self, record: RequestRecord) -> None:
-        self.requests.labels(record.outcome, str(record.status)).inc()
+    def on_record(self, record: RequestRecord, model: str) -> None:
+        """Count one finished request; ``model`` is its label (bounded: ``ModelLabels``)."""
+        self.requests.labels(record.outcome, str(record.status), model).inc()
         self.attempts.inc(record.attempts)
-        self.e2e_latency.observe(record.finished_s)
-        self.generation_tokens.inc(record.output_tokens)
+        series = self._per_model.get(model)
+        if series is None:  # once per label value (a bounded set)
+            series = self._per_model[model] = _ModelSeries(self, model)
+        series.e2e_latency.observe(record.finished_s)
+        series.generation_tokens.inc(record.output_tokens)
         if record.ttft_s is not None:
-            self.time_to_prefill.observe(record.ttft_s)
+            series.time_to_prefill.observe(record.ttft_s)
         if record.first_byte_s is not None:
-            self.time_to_first_token.observe(record.first_byte_s)
+            series.time_to_first_token.observe(record.first_byte_s)
             if record.status == 200 and record.output_tokens > 1:
                 decode_s = record.finished_s - record.first_byte_s
-                self.time_per_output_token.observe(decode_s / (record.output_tokens - 1))
+                series.time_per_output_token.observe(decode_s / (record.output_tokens - 1))
 
     def on_decision(self, decision: Decision) -> None:
         detail = dict(decision.detail)

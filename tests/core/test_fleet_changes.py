@@ -262,3 +262,13 @@ def test_refusals_and_changed_keys_name_dotted_paths() -> None:
         "routing.least_loaded.waiting_weight",
         "engine_contract",
     ]
+
+
+def test_every_section_is_either_reloadable_or_refused() -> None:
+    """A section added to the configuration must be classified, or a reload would silently
+    keep its old value while reporting success."""
+    from narwhal.core.config import NarwhalConfig
+    from narwhal.core.fleet_changes import FIXED_SECTIONS, RELOADABLE_SECTIONS
+
+    assert set(RELOADABLE_SECTIONS) | set(FIXED_SECTIONS) == set(NarwhalConfig.model_fields)
+    assert not set(RELOADABLE_SECTIONS) & set(FIXED_SECTIONS)

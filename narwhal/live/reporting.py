@@ -1,0 +1,206 @@
+"""What the live router reports about each client request: its metrics, its one JSON log line
+and (tracing on) its span, all from the core's :class:`~narwhal.core.records.RequestRecord`.
+
+Rule kept here: a request is reported once, as what its client got. The core's record says so
+for every ending the core sees; the one it cannot see is the server's own shutdown: when the
+grace period ends, the server cancels the request and the core's ``finally`` records a
+cancelled request (``client_gone``) although the client is still there and is then answered by
+the app (503, or a terminal event after the commit). Such a record is held until the app says
+how it ended it (:meth:`RequestReporter.shut_down`), and is reported then as ``shutdown``.
+
+Theory of operation: the app calls :meth:`RequestReporter.begin` for each admitted inference
+request and :meth:`RequestReporter.end` when done with it. ``begin`` makes a
+:class:`ServedRequest` (the request's id, sink, model label and trace) the current one of the
+request's task (a context variable: each HTTP request runs in its own task), so the core's
+``on_record`` callback, called synchronously in that task, finds it. The ``model`` label is
+bounded (:class:`ModelLabels`): a client chooses the model string, and a label value per string
+would let clients grow the metrics without limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from contextvars import ContextVar, Token
+from dataclasses import replace
+from typing import Any
+
+from narwhal.core.records import RequestRecord
+from narwhal.live.clock import AnyioClock, to_wall
+from narwhal.live.metrics import RouterMetrics
+from narwhal.live.sink import AsgiSink
+from narwhal.live.tracing import RequestTrace, RouterTracing
+
+CANCELLED = "client_gone"  # what the core records for a request its driver cancelled
+SHUTDOWN = "shutdown"
+SHUTDOWN_STATUS = 503
+SHUTDOWN_MESSAGE = "the router is shutting down; retry the request"
+UNKNOWN_MODEL = "unknown"  # the body was never read (refused at admission)
+OTHER_MODEL = "other"  # a model string outside the known set
+MAX_MODEL_LABELS = 32
+
+request_log = logging.getLogger("narwhal.requests")
+
+
+class ModelLabels:
+    """The ``model`` label's values: the model a request asked for, from a bounded set.
+
+    The set is the configured ``engine_contract.model`` when one is pinned (every engine serves
+    it, and a request without ``model`` is served by it); otherwise the model names the engines
+    list in ``/v1/models`` (learned whenever the router asks them: ``narwhal serve`` at start
+    and every ``GET /v1/models``), at most :data:`MAX_MODEL_LABELS`. Anything else is
+    ``other``.
+    """
+
+    def __init__(self, pinned: str | None) -> None:
+        self.pinned = pinned
+        self.known: set[str] = {pinned} if pinned is not None else set()
+
+    def learn(self, names: Iterable[Any]) -> None:
+        if self.pinned is not None:
+            return
+        for name in names:
+            if isinstance(name, str) and len(self.known) < MAX_MODEL_LABELS:
+                self.known.add(name)
+
+    def label(self, requested: Any) -> str:
+        if requested is None and self.pinned is not None:
+            return self.pinned
+        return requested if isinstance(requested, str) and requested in self.known else OTHER_MODEL
+
+
+class ServedRequest:
+    """One inference request while the app serves it."""
+
+    __slots__ = (
+        "endpoint",
+        "held",
+        "model",
+        "request_id",
+        "requested_model",
+        "sink",
+        "token",
+        "trace",
+    )
+
+    def __init__(
+        self, request_id: str, endpoint: str, sink: AsgiSink, trace: RequestTrace | None
+    ) -> None:
+        self.request_id = request_id
+        self.endpoint = endpoint
+        self.sink = sink
+        self.trace = trace
+        self.model = UNKNOWN_MODEL
+        self.requested_model: str | None = None  # the client's own string (the span's), bounded
+        self.held: RequestRecord | None = None  # a cancelled request's record, awaiting why
+        self.token: Token[ServedRequest | None] | None = None  # CURRENT's, to reset it
+
+    def set_model(self, labels: ModelLabels, requested: Any) -> None:
+        self.model = labels.label(requested)
+        if isinstance(requested, str):
+            self.requested_model = requested[:256]
+
+
+CURRENT: ContextVar[ServedRequest | None] = ContextVar("narwhal_served_request", default=None)
+
+
+def shutdown_record(record: RequestRecord, committed: bool) -> RequestRecord:
+    """``record`` as its client got it when shutdown ended it: 503, or (``committed``) a 200
+    stream ended by a terminal event carrying 503 (a committed failure records the fault's
+    status, as every other one does)."""
+    return replace(
+        record,
+        outcome=SHUTDOWN,
+        status=SHUTDOWN_STATUS,
+        committed=committed,
+        error=SHUTDOWN_MESSAGE,
+    )
+
+
+class RequestReporter:
+    """Turns each request's record into its metrics, log line and span."""
+
+    def __init__(
+        self,
+        metrics: RouterMetrics,
+        clock: AnyioClock,
+        models: ModelLabels,
+        tracing: RouterTracing | None,
+    ) -> None:
+        self.metrics = metrics
+        self.clock = clock
+        self.models = models
+        self.tracing = tracing
+
+    def begin(
+        self, request_id: str, endpoint: str, headers: Mapping[str, str], sink: AsgiSink
+    ) -> ServedRequest:
+        """Make the request the current one of its task (its span starts: tracing on)."""
+        tracing = self.tracing
+        trace = None if tracing is None else tracing.begin_request(request_id, endpoint, headers)
+        served = ServedRequest(request_id, endpoint, sink, trace)
+        served.token = CURRENT.set(served)
+        return served
+
+    def end(self, served: ServedRequest) -> None:
+        """The app is done with the request: report what it left unreported (a held record,
+        a span of a request answered before the core saw it, 400 or 413)."""
+        if served.token is not None:
+            CURRENT.reset(served.token)
+            served.token = None
+        if served.held is not None:
+            held, served.held = served.held, None
+            self.report(held, served)
+        elif served.trace is not None:
+            served.trace.abandon(served.sink.status)
+            served.trace = None
+
+    def on_record(self, record: RequestRecord) -> None:
+        """``Policies(on_record=...)``: report ``record``, or hold a cancelled one whose client
+        is still there (the app's shutdown answer says how it ended)."""
+        served = CURRENT.get()
+        if served is not None and served.request_id != record.request_id:
+            served = None
+        if (
+            served is not None
+            and record.outcome == CANCELLED
+            and not served.sink.gone
+            and not served.sink.cut
+        ):
+            served.held = record
+            return
+        self.report(record, served)
+
+    def shut_down(self, served: ServedRequest, committed: bool) -> None:
+        """The app answered ``served`` for the shutdown (``committed``: after the 200)."""
+        held, served.held = served.held, None
+        if held is not None:
+            self.report(shutdown_record(held, committed), served)
+
+    def report(self, record: RequestRecord, served: ServedRequest | None) -> None:
+        model = served.model if served is not None else UNKNOWN_MODEL
+        self.metrics.on_record(record, model)
+        line = {
+            "event": "request",
+            "request_id": record.request_id,
+            "arrival": to_wall(self.clock, record.arrival),
+            "model": model,
+            "ttft_s": record.ttft_s,
+            "first_byte_s": record.first_byte_s,
+            "finished_s": record.finished_s,
+            "attempts": record.attempts,
+            "engines": list(record.engines),
+            "outcome": record.outcome,
+            "status": record.status,
+            "committed": record.committed,
+            "output_tokens": record.output_tokens,
+            "error": record.error,
+        }
+        request_log.info(json.dumps(line))
+        if served is not None and served.trace is not None:
+            trace, served.trace = served.trace, None
+            attributes = {"http.route": served.endpoint, "narwhal.model": model}
+            if served.requested_model is not None:
+                attributes["gen_ai.request.model"] = served.requested_model
+            trace.finish(record, attributes)

@@ -1,0 +1,84 @@
+"""What the router reports per request: the ``model`` label stays in a bounded set, and the
+request's log line carries it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from narwhal.live.reporting import MAX_MODEL_LABELS, ModelLabels
+from tests.live.conftest import HTTP, Emulator, RouterHandle, metric_value
+
+CONTRACT = {"model": "tiny-llama", "vllm_version": "0.32.0"}
+
+
+def test_a_pinned_model_is_the_only_label_besides_other() -> None:
+    labels = ModelLabels("tiny-llama")
+    labels.learn(["something-else"])  # the contract decides, not what engines list
+    assert labels.label("tiny-llama") == "tiny-llama"
+    assert labels.label(None) == "tiny-llama"  # served by the one model every engine has
+    assert labels.label("something-else") == "other"
+    assert labels.label(["not", "a", "string"]) == "other"
+
+
+def test_listed_models_are_learned_up_to_the_bound() -> None:
+    labels = ModelLabels(None)
+    assert labels.label("m-0") == "other"
+    labels.learn(f"m-{i}" for i in range(MAX_MODEL_LABELS + 10))
+    assert labels.label("m-0") == "m-0"
+    assert labels.label(f"m-{MAX_MODEL_LABELS}") == "other"
+    assert labels.label(None) == "other"
+    assert len(labels.known) == MAX_MODEL_LABELS
+
+
+def pair(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle], **options: Any
+) -> RouterHandle:
+    producer, consumer = emulator("prefill"), emulator("decode")
+    engines = [
+        {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
+        {"url": consumer.url, "role": "decode"},
+    ]
+    return router(engines, **options)
+
+
+def ask(handle: RouterHandle, model: str) -> int:
+    body = {"model": model, "prompt": "hi", "max_tokens": 2}
+    return HTTP.post(handle.url + "/v1/completions", json=body).status_code
+
+
+def test_requests_are_counted_by_the_model_they_asked_for(
+    emulator: Callable[..., Emulator],
+    router: Callable[..., RouterHandle],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="narwhal.requests")
+    handle = pair(emulator, router, contract=CONTRACT)
+    assert ask(handle, "tiny-llama") == 200
+    assert ask(handle, "made-up-model") == 404  # the engine's answer, passed through
+    metrics = handle.metrics()
+    ok = {"outcome": "ok", "status": "200"}
+    assert metric_value(metrics, "narwhal_requests_total", model="tiny-llama", **ok) == 1
+    assert metric_value(metrics, "narwhal_requests_total", model="other", status="404") == 1
+    assert metric_value(metrics, "narwhal_generation_tokens_total", model="tiny-llama") == 2
+    for histogram in ("e2e_request_latency", "time_to_first_token", "time_to_prefill"):
+        name = f"narwhal_{histogram}_seconds_count"
+        assert metric_value(metrics, name, model="tiny-llama") == 1
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "narwhal.requests"]
+    assert [line["model"] for line in lines] == ["tiny-llama", "other"]
+
+
+def test_without_a_contract_the_models_the_engines_list_are_labels(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
+) -> None:
+    handle = pair(emulator, router)
+    assert ask(handle, "tiny-llama") == 200  # not yet known: no engine was asked
+    assert HTTP.get(handle.url + "/v1/models").status_code == 200
+    assert ask(handle, "tiny-llama") == 200
+    metrics = handle.metrics()
+    assert metric_value(metrics, "narwhal_requests_total", model="other", outcome="ok") == 1
+    assert metric_value(metrics, "narwhal_requests_total", model="tiny-llama", outcome="ok") == 1
