@@ -128,7 +128,9 @@ def serve_command(args: argparse.Namespace) -> int:
         api_key=api_key,
         announce=lambda line: print(line, file=sys.stderr, flush=True),
     )
-    server = make_router_server(router.app, log_level=args.log_level, graceful_s=args.graceful_s)
+    server = make_router_server(
+        router.app, client=config.client, log_level=args.log_level, graceful_s=args.graceful_s
+    )
     serve_blocking(server, [sock])
     return 0
 
