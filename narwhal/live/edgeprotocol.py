@@ -11,8 +11,10 @@ Rule kept here (``[client]`` settings, docs/live.md "Limits at the edge"):
   answered (a 401 needs no body), the connection is just closed;
 - with ``max_connections`` open, one more is closed as soon as it is accepted;
 - a client that half-closes (EOF) after a complete request still gets its answer, then the
-  connection closes; an EOF anywhere else (mid-head, mid-body, between requests) is a disconnect
-  as before;
+  connection closes, and a client that closed its socket entirely is still noticed and its
+  request cancelled (within about :data:`GONE_PROBE_MAX_S` while its answer has not begun, at the
+  next write after); an EOF anywhere else (mid-head, mid-body, between requests) is a
+  disconnect at once, as before;
 - a response without ``content-length`` to an HTTP/1.0 request is sent unframed and ended by
   closing the connection (HTTP/1.0 has no chunked encoding; uvicorn would chunk it).
 
@@ -28,7 +30,12 @@ reading it) and cancelled by ``on_message_complete``. A timer that fires writes 
 to the transport unless the response already started, marks the request disconnected (so the
 app's ``receive`` returns ``http.disconnect`` and its ``send`` writes nothing) and closes.
 ``eof_received`` returns True (keep the transport open to write) only while a complete request
-awaits its answer, and turns off keep-alive so uvicorn closes after the answer. An HTTP/1.0
+awaits its answer, and turns off keep-alive so uvicorn closes after the answer. An EOF cannot
+tell a half-close from a close (both are a FIN); only a write can, so until the answer begins an
+HTTP/1.1 client is sent interim ``100 Continue`` responses, at the EOF and then at doubling
+intervals: a closed socket answers one with a reset and the write after it fails, which
+uvicorn reports to the app as a disconnect. (HTTP/1.0 allows no interim response: a 1.0 client
+that closed is noticed when its answer is written.) An HTTP/1.0
 request's cycle is a :class:`_CloseDelimitedCycle`.
 """
 
@@ -44,6 +51,9 @@ from narwhal.core import wire
 from narwhal.core.config import ClientSettings
 from narwhal.live.headlimit import BoundedHttpToolsProtocol
 
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+GONE_PROBE_FIRST_S = 0.05  # after the probe written at the EOF itself
+GONE_PROBE_MAX_S = 1.0  # a client gone is noticed within about this
 REQUEST_TIMEOUT_HEAD = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
 
 
@@ -107,6 +117,7 @@ class EdgeHttpProtocol(BoundedHttpToolsProtocol):
     _head_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
     _body_cycle: RequestResponseCycle | None = None
+    _probe_timer: asyncio.TimerHandle | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -126,6 +137,8 @@ class EdgeHttpProtocol(BoundedHttpToolsProtocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
         self._cancel_head_timer()
         self._cancel_body_timer()
         super().connection_lost(exc)
@@ -139,8 +152,25 @@ class EdgeHttpProtocol(BoundedHttpToolsProtocol):
             and self._head_bytes == 0
         ):
             cycle.keep_alive = False  # nothing more can come: close once the answer is out
+            if cycle.scope["http_version"] != "1.0":  # HTTP/1.0 takes no interim responses
+                self._probe(GONE_PROBE_FIRST_S)
             return True  # keep the transport open for writing
         return None  # a disconnect: the transport closes
+
+    def _probe(self, next_s: float) -> None:
+        """Write one interim ``100 Continue`` while the answer has not begun, then again after
+        ``next_s`` (doubling up to :data:`GONE_PROBE_MAX_S`). A client that half-closed reads
+        past it (every HTTP/1.1 client must); one that closed its socket entirely answers the
+        write with a reset, which fails a later write and disconnects the request as before."""
+        self._probe_timer = None
+        cycle = self.cycle
+        # with requests queued behind it, self.cycle is not the one writing now: write nothing
+        if cycle is None or cycle.response_started or self.pipeline or self.transport.is_closing():
+            return
+        self.transport.write(CONTINUE)
+        self._probe_timer = self.loop.call_later(
+            next_s, self._probe, min(2 * next_s, GONE_PROBE_MAX_S)
+        )
 
     # ------------------------------------------------------------------ the head
 

@@ -6,9 +6,18 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
+
 import pytest
 
-from tests.live.conftest import RouterHandle, Servers, start_emulator, start_router
+from tests.live.conftest import (
+    Emulator,
+    RouterHandle,
+    Servers,
+    metric_value,
+    start_emulator,
+    start_router,
+)
 
 GIVE_UP_S = 10.0
 
@@ -42,6 +51,9 @@ def post(body: dict[str, object], version: str = "1.1", close: bool = False) -> 
 
 
 def split(answer: bytes) -> tuple[str, dict[str, str], bytes]:
+    """Status line, headers and body of the final response (after any interim ones)."""
+    while answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"):
+        answer = answer.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n")
     head, _, body = answer.partition(b"\r\n\r\n")
     status, *lines = head.decode().split("\r\n")
     headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
@@ -61,6 +73,25 @@ def test_a_client_that_half_closes_after_its_request_gets_its_answer(
     else:
         assert json.loads(body)["choices"][0]["finish_reason"] == "length"
     handle.wait_for(lambda: handle.status()["requests_in_flight"] == 0)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_client_that_closes_while_waiting_is_still_noticed_and_cancelled(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle], stream: bool
+) -> None:
+    engine = emulator("both")
+    handle = router([{"url": engine.url, "role": "both"}], engine={"first_token_timeout_s": 4.0})
+    engine.faults({"kind": "hang_first_token"})  # no answer begins before the client leaves
+    host, port = handle.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=GIVE_UP_S) as sock:
+        sock.sendall(post({"prompt": "hi", "max_tokens": 4, "stream": stream}))
+        handle.wait_for(lambda: engine.state()["running"] == 1)
+    # a FIN like a half-close: the probes find the socket gone, well before the 4 s timeout
+    handle.wait_for(lambda: handle.status()["requests_in_flight"] == 0, timeout=2.5)
+    handle.wait_for(lambda: engine.state()["aborted"] == 1)
+    metrics = handle.metrics()
+    assert metric_value(metrics, "narwhal_requests_total", outcome="client_gone") == 1
+    assert handle.engine(engine.url)["failure_streak"] == 0
 
 
 def test_a_half_close_mid_body_is_still_a_disconnect(handle: RouterHandle) -> None:
