@@ -200,7 +200,9 @@ class EdgeHttpProtocol(BoundedHttpToolsProtocol):
         self.logger.warning("Request head not complete in client.head_timeout_s: 408.")
         limit = self.settings.head_timeout_s
         self.transport.write(
-            _timeout_response(f"request head not complete within {limit:g} s (client.head_timeout_s)")
+            _timeout_response(
+                f"request head not complete within {limit:g} s (client.head_timeout_s)"
+            )
         )
         self.transport.close()
 
