@@ -400,7 +400,11 @@ class _Lifecycle:
         if failure is not None:
             return failure
         pending_metadata: list[bytes] = []
-        assembler = None if self.request.stream else ResponseAssembler(self.request.endpoint)
+        assembler = (
+            None
+            if self.request.stream
+            else ResponseAssembler(self.request.endpoint, cfg.max_response_bytes)
+        )
         if not self.committed:  # an earlier attempt's tokens were never shown: count afresh
             self.got_token, self.tokens, self.first_byte_s = False, 0, None
         clock, transport = self.ports.clock, self.ports.transport
@@ -422,13 +426,15 @@ class _Lifecycle:
                     if assembler is None:
                         out.append(event.wire())
                     elif event.payload is not None:
-                        assembler.add(event.payload)
+                        if not assembler.add(event.payload, len(event.data)):
+                            return assembler.too_large(consumer)
                 elif kind is EventKind.METADATA:
                     if self.committed:
                         out.append(event.wire())
                     elif assembler is not None:
                         if event.payload is not None:
-                            assembler.add(event.payload)
+                            if not assembler.add(event.payload, len(event.data)):
+                                return assembler.too_large(consumer)
                     else:
                         pending_metadata.append(event.wire())
                 else:  # DONE after at least one token: the reader returns nothing after it
