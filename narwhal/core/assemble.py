@@ -26,6 +26,7 @@ from typing import Any
 
 from narwhal.core.errors import Fault, FaultKind, fault
 from narwhal.core.requests import CHAT
+from narwhal.core.sse import SseEvent
 
 _TEXT_FIELDS = ("content", "reasoning_content", "reasoning")  # chat delta fields concatenated
 
@@ -100,6 +101,10 @@ class ResponseAssembler:
             if isinstance(choice, dict):
                 self._add_choice(choice)
         return True
+
+    def take(self, event: SseEvent) -> bool:
+        """:meth:`add` for one classified event (one without a payload takes nothing)."""
+        return event.payload is None or self.add(event.payload, len(event.data))
 
     def too_large(self, engine: str) -> Fault:
         """The fault of an engine whose answer outgrew ``max_bytes``."""

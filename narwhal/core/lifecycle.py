@@ -425,18 +425,15 @@ class _Lifecycle:
                     self.tokens += 1
                     if assembler is None:
                         out.append(event.wire())
-                    elif event.payload is not None:
-                        if not assembler.add(event.payload, len(event.data)):
-                            return assembler.too_large(consumer)
+                    elif not assembler.take(event):
+                        return assembler.too_large(consumer)
                 elif kind is EventKind.METADATA:
                     if self.committed:
                         out.append(event.wire())
-                    elif assembler is not None:
-                        if event.payload is not None:
-                            if not assembler.add(event.payload, len(event.data)):
-                                return assembler.too_large(consumer)
-                    else:
+                    elif assembler is None:
                         pending_metadata.append(event.wire())
+                    elif not assembler.take(event):
+                        return assembler.too_large(consumer)
                 else:  # DONE after at least one token: the reader returns nothing after it
                     if out:
                         await self._send(b"".join(out), now)
