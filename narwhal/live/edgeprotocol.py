@@ -23,20 +23,20 @@ such sockets exhaust the router's descriptors, which its own connections to the 
 engine it cannot dial would be charged for it). None of this reaches the core: a request cut
 here never started, so no engine is charged and no reservation was taken.
 
-Theory of operation: a head timer is armed by the first byte of a head and cancelled by
-``on_headers_complete``; a body timer is armed when a request's app task starts with its body
-still arriving (so a pipelined request queued behind another is not timed while uvicorn is not
-reading it) and cancelled by ``on_message_complete``. A timer that fires writes its 408 straight
-to the transport unless the response already started, marks the request disconnected (so the
-app's ``receive`` returns ``http.disconnect`` and its ``send`` writes nothing) and closes.
-``eof_received`` returns True (keep the transport open to write) only while a complete request
-awaits its answer, and turns off keep-alive so uvicorn closes after the answer. An EOF cannot
-tell a half-close from a close (both are a FIN); only a write can, so until the answer begins an
-HTTP/1.1 client is sent interim ``100 Continue`` responses, at the EOF and then at doubling
-intervals: a closed socket answers one with a reset and the write after it fails, which
-uvicorn reports to the app as a disconnect. (HTTP/1.0 allows no interim response: a 1.0 client
-that closed is noticed when its answer is written.) An HTTP/1.0
-request's cycle is a :class:`_CloseDelimitedCycle`.
+Theory of operation: a head timer is armed by the first byte of a head that arrives while no
+response is being written, and cancelled by ``on_headers_complete``; a body timer is armed when
+a request's app task starts with its body still arriving (so a pipelined request queued behind
+another is not timed while uvicorn is not reading it) and cancelled by ``on_message_complete``.
+A timer that fires writes its 408 straight to the transport unless the response already
+started, marks the request disconnected (so the app's ``receive`` returns ``http.disconnect``
+and its ``send`` writes nothing) and closes. ``eof_received`` returns True (keep the transport
+open to write) only while a complete request awaits its answer, and turns off keep-alive so
+uvicorn closes after the answer. An EOF cannot tell a half-close from a close (both are a FIN);
+only a write can, so until the answer begins an HTTP/1.1 client is sent interim
+``100 Continue`` responses, at the EOF and then at doubling intervals: a closed socket answers
+one with a reset and the write after it fails, which uvicorn reports to the app as a
+disconnect (HTTP/1.0 allows no interim response: a 1.0 client that closed is noticed when its
+answer is written). An HTTP/1.0 request's cycle is a :class:`_CloseDelimitedCycle`.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class EdgeHttpProtocol(BoundedHttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         limit = self.settings.head_timeout_s
-        if self._in_head and self._head_timer is None and limit > 0 and data:
+        if self._in_head and self._head_timer is None and limit > 0 and data and self._idle():
             self._head_timer = self.loop.call_later(limit, self._head_timed_out)
         super().data_received(data)
 
@@ -187,6 +187,11 @@ class EdgeHttpProtocol(BoundedHttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._cancel_body_timer()
         super().on_message_complete()
+
+    def _idle(self) -> bool:
+        """No response being written: a 408 can go out now. (A head begun while one is written,
+        pipelined, is timed from the next byte after it, or closed by the idle timer.)"""
+        return self.cycle is None or self.cycle.response_complete
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
