@@ -12,13 +12,21 @@ into whole calls, as is a legacy ``function_call``. Logprobs are concatenated li
 (completions: ``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``; chat:
 ``content``). ``finish_reason`` and ``stop_reason`` keep their last non-null value; ``usage`` the
 last one sent.
+
+What one answer is assembled from is bounded (``engine.max_response_bytes``, counted as the
+characters of the events' data, which is bytes for the ASCII JSON engines send): an event that
+would take the total past it is refused (:meth:`ResponseAssembler.add` returns False) and the
+engine's answer is a malformed response (502), like one SSE event over the event bound, so a
+broken engine cannot grow one request's memory without limit.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from narwhal.core.errors import Fault, FaultKind, fault
 from narwhal.core.requests import CHAT
+from narwhal.core.sse import SseEvent
 
 _TEXT_FIELDS = ("content", "reasoning_content", "reasoning")  # chat delta fields concatenated
 
@@ -71,13 +79,20 @@ class _Choice:
 class ResponseAssembler:
     """Accumulates stream chunks (token and metadata payloads) per choice index."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, max_bytes: int) -> None:
         self._chat = endpoint == CHAT
         self._head: dict[str, Any] = {}
         self._choices: dict[int, _Choice] = {}
         self._usage: Any = None
+        self.max_bytes = max_bytes
+        self.size = 0  # event data taken so far
 
-    def add(self, payload: dict[str, Any]) -> None:
+    def add(self, payload: dict[str, Any], size: int) -> bool:
+        """Take one event's payload (``size``: its data's length); False, taking nothing, when
+        it would take the answer past ``max_bytes``."""
+        if self.size + size > self.max_bytes:
+            return False
+        self.size += size
         if not self._head:
             self._head = {k: payload[k] for k in ("id", "created", "model") if k in payload}
         if payload.get("usage") is not None:
@@ -85,6 +100,20 @@ class ResponseAssembler:
         for choice in payload.get("choices") or []:
             if isinstance(choice, dict):
                 self._add_choice(choice)
+        return True
+
+    def take(self, event: SseEvent) -> bool:
+        """:meth:`add` for one classified event (one without a payload takes nothing)."""
+        return event.payload is None or self.add(event.payload, len(event.data))
+
+    def too_large(self, engine: str) -> Fault:
+        """The fault of an engine whose answer outgrew ``max_bytes``."""
+        return fault(
+            FaultKind.MALFORMED_RESPONSE,
+            f"engine's answer over engine.max_response_bytes ({self.max_bytes} bytes)",
+            engine=engine,
+            phase="decode",
+        )
 
     def _add_choice(self, choice: dict[str, Any]) -> None:
         index = choice.get("index", 0)

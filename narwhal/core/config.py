@@ -86,6 +86,9 @@ class EngineSettings(_Strict):
     decode_read_timeout_s: DurationOrOff = 10.0  # 0: the request deadline bounds the stream
     request_timeout_s: Duration = 600.0  # the original request deadline
     max_handoff_age_s: Duration = 25.0
+    # what one non-streaming answer may be assembled from (the data of its events); past it
+    # the engine's answer is malformed (502). 64 MiB: the logprobs of a long output fit
+    max_response_bytes: Annotated[Count, Field(ge=1024, le=1 << 32)] = 64 * 1024 * 1024
 
 
 class RecoverySettings(_Strict):
@@ -120,12 +123,36 @@ class AdmissionSettings(_Strict):
     max_json_values: Annotated[Count, Field(ge=64, le=100_000_000)] = 262_144
 
 
+_HOST_NAME = re.compile(r"[a-z0-9.-]+|\[?[0-9a-f:.]+\]?")
+
+
+def _host_names(names: list[str]) -> list[str]:
+    """Host names as the router compares them: lower case, IPv6 without brackets, no port."""
+    out = []
+    for name in names:
+        lowered = name.strip().lower()
+        if not lowered or not _HOST_NAME.fullmatch(lowered) or lowered.count(":") == 1:
+            raise ValueError(f"{name!r} is not a host name or IP address (without a port)")
+        out.append(lowered.strip("[]"))
+    return out
+
+
 class ClientSettings(_Strict):
-    """How long the router waits on a client that does not read what it is sent (seconds)."""
+    """How long the router waits on a client, and which clients it serves at all (seconds)."""
 
     # the longest one write to the client may stay blocked (the client's receive window full);
     # then the client is cut off, as its own fault. 0: only the request deadline bounds it
     write_timeout_s: DurationOrOff = 30.0
+    # the edge (narwhal.live.edgeprotocol): a request head must arrive within head_timeout_s of
+    # its first byte, its body within body_timeout_s of its head (0: no bound); a connection
+    # with no request in progress is closed after idle_timeout_s
+    head_timeout_s: DurationOrOff = 10.0
+    body_timeout_s: DurationOrOff = 60.0
+    idle_timeout_s: Duration = 5.0
+    # client connections held open at once; one more is closed as soon as it is accepted
+    max_connections: Annotated[Count, Field(ge=1, le=1_000_000)] = 4096
+    # Host names (no port) the router answers; empty: any (against DNS rebinding)
+    allowed_hosts: Annotated[list[str], AfterValidator(_host_names)] = []
 
 
 class TracingSettings(_Strict):

@@ -402,7 +402,11 @@ class _Lifecycle:
         if failure is not None:
             return failure
         pending_metadata: list[bytes] = []
-        assembler = None if self.request.stream else ResponseAssembler(self.request.endpoint)
+        assembler = (
+            None
+            if self.request.stream
+            else ResponseAssembler(self.request.endpoint, cfg.max_response_bytes)
+        )
         if not self.committed:  # an earlier attempt's tokens were never shown: count afresh
             self.got_token, self.tokens, self.first_byte_s = False, 0, None
         clock, transport = self.ports.clock, self.ports.transport
@@ -423,16 +427,15 @@ class _Lifecycle:
                     self.tokens += 1
                     if assembler is None:
                         out.append(event.wire())
-                    elif event.payload is not None:
-                        assembler.add(event.payload)
+                    elif not assembler.take(event):
+                        return assembler.too_large(consumer)
                 elif kind is EventKind.METADATA:
                     if self.committed:
                         out.append(event.wire())
-                    elif assembler is not None:
-                        if event.payload is not None:
-                            assembler.add(event.payload)
-                    else:
+                    elif assembler is None:
                         pending_metadata.append(event.wire())
+                    elif not assembler.take(event):
+                        return assembler.too_large(consumer)
                 else:  # DONE after at least one token: the reader returns nothing after it
                     if out:
                         await self._send(b"".join(out), now)

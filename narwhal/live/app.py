@@ -4,8 +4,9 @@ Rule kept here: this module is a thin driver. It parses HTTP into the core's val
 request to :func:`narwhal.core.lifecycle.serve_request` and the fleet to
 :func:`narwhal.core.probe.maintenance_loop`, both unchanged, and reports what the core recorded.
 It makes no routing, timeout, breaker, retry or admission decision of its own; the only statuses
-it chooses are for requests the core never sees (401 bad key, 413 body too large or holding too
-many JSON values, 400 malformed JSON or a request the core's parser refuses).
+it chooses are for requests the core never sees (401 bad key, 415 a body not sent as JSON and 421
+a Host not allowed (:mod:`narwhal.live.gate`), 413 body too large or holding too many JSON
+values, 400 malformed JSON or a request the core's parser refuses).
 
 Theory of operation: the lifespan opens the httpx transport and a task group; the task group is
 the core's ``spawn`` port (probes, health checks, load scrapes) and runs the maintenance loop
@@ -61,6 +62,7 @@ from narwhal.core.requests import (
 )
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock
+from narwhal.live.gate import HostGate, json_refusal
 from narwhal.live.lag import LagMonitor
 from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.reload import DEFAULT_POLL_S, ConfigReloader
@@ -155,7 +157,7 @@ class Router:
         # a trailing-slash redirect would echo the client's Host header into Location (an open
         # redirect); a wrong path is a 404 instead
         self.starlette.router.redirect_slashes = False
-        self.app = _FastPath(self.starlette, inference)
+        self.app = _FastPath(self.starlette, inference, HostGate(config.client.allowed_hosts))
 
     @property
     def config(self) -> NarwhalConfig:
@@ -336,11 +338,19 @@ class _FastPath:
     An exception still reaches uvicorn, which answers 500 if the response had not started.
     """
 
-    def __init__(self, starlette: Starlette, inference: dict[str, _Inference]) -> None:
+    def __init__(
+        self, starlette: Starlette, inference: dict[str, _Inference], hosts: HostGate
+    ) -> None:
         self.starlette = starlette
         self.inference = inference
+        self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.hosts.allowed:  # client.allowed_hosts
+            refusal = self.hosts.refusal(scope["path"], Headers(scope=scope))
+            if refusal is not None:
+                await JSONResponse(refusal, status_code=421)(scope, receive, send)
+                return
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             endpoint = self.inference.get(scope["path"])
             if endpoint is not None:
@@ -383,6 +393,10 @@ class _Inference:
         )
         if not router.authorized(headers):
             await router.unauthorized()(scope, receive, send)
+            return
+        not_json = json_refusal(headers)  # a web page's "simple" cross-origin POST (gate.py)
+        if not_json is not None:
+            await sink.respond(415, not_json, {})
             return
         admission = router.policies.admission
         if not admission.try_admit(arrival, request_id):  # before the body is read

@@ -146,7 +146,9 @@ def serve_command(args: argparse.Namespace) -> int:
         reload_poll_s=args.reload_poll_s,
         reload_on_sighup=True,
     )
-    server = make_router_server(router.app, log_level=args.log_level, graceful_s=args.graceful_s)
+    server = make_router_server(
+        router.app, client=config.client, log_level=args.log_level, graceful_s=args.graceful_s
+    )
     serve_blocking(server, [sock])
     return 0
 

@@ -12,11 +12,11 @@ HEAD = {"id": "cmpl-1", "created": 7, "model": "m"}
 
 
 def assemble(endpoint: str, choices: list[list[dict[str, Any]]], **last: Any) -> dict[str, Any]:
-    assembler = ResponseAssembler(endpoint)
+    assembler = ResponseAssembler(endpoint, max_bytes=1 << 20)
     for chunk in choices:
-        assembler.add({**HEAD, "choices": chunk})
+        assert assembler.add({**HEAD, "choices": chunk}, 100)
     if last:
-        assembler.add({**HEAD, "choices": [], **last})
+        assert assembler.add({**HEAD, "choices": [], **last}, 100)
     return assembler.result()
 
 

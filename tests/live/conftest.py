@@ -199,7 +199,8 @@ def start_router(
     sock = bind("127.0.0.1", 0)
     if send_buffer is not None:  # accepted connections inherit it
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
-    server = make_router_server(app.app, graceful_s=0.2)  # as `narwhal serve` runs it
+    # as `narwhal serve` runs it
+    server = make_router_server(app.app, client=app.config.client, graceful_s=0.2)
     background = servers.start(BackgroundServer(server, [sock]))
     return RouterHandle(app, background, f"http://127.0.0.1:{port_of(sock)}")
 

@@ -70,7 +70,10 @@ def test_malformed_json_and_bad_requests(
         for _ in range(5):
             yield b"x" * 400
 
-    assert HTTP.post(url, content=chunks()).status_code == 413
+    assert (
+        HTTP.post(url, content=chunks(), headers={"content-type": "application/json"}).status_code
+        == 413
+    )
     assert handle.status()["requests_in_flight"] == 0
 
 
@@ -79,7 +82,9 @@ def test_json_nested_past_any_recursion_limit_is_a_400(
 ) -> None:
     handle = router(pair)
     deep = b'{"prompt": "x", "user": ' + b"[" * 5000 + b"]" * 5000 + b"}"
-    reply = HTTP.post(handle.url + "/v1/completions", content=deep)
+    reply = HTTP.post(
+        handle.url + "/v1/completions", content=deep, headers={"content-type": "application/json"}
+    )
     assert reply.status_code == 400  # json.loads raised RecursionError here: a 500
     assert "malformed JSON body: recursion limit exceeded" in reply.json()["error"]["message"]
     assert handle.status()["requests_in_flight"] == 0
@@ -126,7 +131,9 @@ def test_a_number_json_cannot_carry_is_a_400(
 ) -> None:
     handle = router(pair)
     body = b'{"prompt": "hi", "max_tokens": 2, "temperature": ' + number + b"}"
-    reply = HTTP.post(handle.url + "/v1/completions", content=body)
+    reply = HTTP.post(
+        handle.url + "/v1/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert reply.status_code == 400  # it was a 500: the prefill body could not be encoded
     assert reply.json()["error"]["message"].startswith("'temperature' must be a finite number")
     assert handle.status()["requests_in_flight"] == 0
