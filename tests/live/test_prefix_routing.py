@@ -124,7 +124,7 @@ def expected_hits(served: list[Served], side: str) -> list[float]:
     """Each request's hit on the engine that served it, as a prefix cache must make it: the
     shared prefix once that engine has served the group before, nothing the first time."""
     seen: set[tuple[int, int]] = set()
-    out = []
+    out: list[float] = []
     for request in served:
         engine = request.producer if side == "producer" else request.consumer
         out.append(SHARED_TOKENS if (request.group, engine) in seen else 0)
