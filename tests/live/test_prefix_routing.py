@@ -31,7 +31,9 @@ SEED = 4
 
 
 def group_prefix(group: int) -> str:
-    """A long prefix of its own per group (seeded letters after a group tag)."""
+    """A long prefix of its own per group (seeded letters after a group tag), differing from the
+    others from its first byte: groups sharing even one 16-byte block would match each other's
+    engine in the router's index."""
     letters = random.Random(group)
     head = f"{group}: the context of this group, "
     return head + "".join(letters.choice("abcdefgh ") for _ in range(PREFIX_CHARS - len(head)))

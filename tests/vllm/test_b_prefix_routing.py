@@ -46,9 +46,12 @@ QUERIES, HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total
 
 
 def group_prefix(tag: str, group: int) -> str:
-    """A long prefix no other test sends: the run's tag and the group, then seeded letters."""
+    """A long prefix no other test sends: the group and the run's tag, then seeded letters.
+    The group comes first: prompts of two groups sharing even their first 16 bytes (one block
+    of the router's index) would match, and prefix_affinity would send the second group to the
+    first one's producer."""
     letters = random.Random(f"{tag}/{group}")
-    head = f"[{tag} group {group}] "
+    head = f"[group {group} of {tag}] "
     return head + "".join(letters.choice("abcdefghij ") for _ in range(PREFIX_CHARS - len(head)))
 
 
