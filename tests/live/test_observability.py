@@ -94,8 +94,7 @@ def test_metrics_pass_promtool(scraped: str) -> None:
 def test_alert_rules_pass_promtool() -> None:
     checked = subprocess.run(
         [_promtool(), "check", "rules", str(DEPLOY / "prometheus" / "alerts.yaml")],
-        capture_output=True,
-        text=True,
+        capture_output=True, text=True,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
 

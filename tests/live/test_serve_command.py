@@ -23,36 +23,17 @@ def test_stdout_holds_only_json_lines_and_people_read_stderr(
 ) -> None:
     producer, consumer = emulator("prefill"), emulator("decode")
     config = tmp_path / "narwhal.toml"
-    config.write_text(
-        tomli_w.dumps(
-            {
-                "engines": [
-                    {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
-                    {"url": consumer.url, "role": "decode"},
-                ]
-            }
-        )
-    )
+    config.write_text(tomli_w.dumps({"engines": [
+        {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
+        {"url": consumer.url, "role": "decode"},
+    ]}))
     sock = bind("127.0.0.1", 0)
     port = port_of(sock)
     sock.close()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "narwhal.cli",
-            "serve",
-            "--config",
-            str(config),
-            "--port",
-            str(port),
-            "--graceful-s",
-            "1",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-m", "narwhal.cli", "serve", "--config", str(config),
+         "--port", str(port), "--graceful-s", "1"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
         url = f"http://127.0.0.1:{port}"
