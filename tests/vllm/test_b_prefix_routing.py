@@ -7,13 +7,16 @@ What fits 2 cores and 24 GiB: the session's producer (core 0) and consumer (core
 second producer started for this module and stopped after it, on core 0 beside the first
 producer (1 GiB of KV cache like the others). Not on core 1: a producer pinned to the core of
 the consumer that pulls from it stalls the pulls (a direct handoff took 31 s, the next timed
-out at 60 s; on core 0 the same handoffs take 0.4-2 s). The workload: ``GROUPS`` groups, each a long prefix of its
-own (exactly ``SHARED_TOKENS`` tokens with BOS: whole 128-token CPU KV blocks) followed by
-``USERS`` questions of its own, sent one at a time through ``narwhal serve``, the groups
-interleaved. After every request both producers' /metrics are read (polled, bounded): the one
-whose ``vllm:prefix_cache_queries_total`` rose served its prefill, and the rise of each hit
-counter is what that request found cached. Each policy's run uses prefixes of its own, so its
-first request of a group meets a cold cache everywhere.
+out at 60 s; on core 0 the same handoffs take 0.4-2 s).
+
+The workload: ``GROUPS`` groups, each a long prefix of its own (exactly ``SHARED_TOKENS``
+tokens with BOS: whole 128-token CPU KV blocks) followed by ``USERS`` questions of its own,
+sent one at a time through ``narwhal serve``, the groups interleaved. After every request both
+producers' /metrics are read (polled, bounded): the one whose
+``vllm:prefix_cache_queries_total`` rose served its prefill, and the rise of each hit counter
+is what that request found cached. Each policy's run uses prefixes of its own, so its first
+request of a group meets a cold cache everywhere. The one consumer's own prefix cache is read
+too: it holds every group after the group's first pull, whichever producer computed it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ SHARED_TOKENS = (PREFIX_CHARS + 1) // BLOCK * BLOCK  # what a repeat finds cache
 SEED = 0
 POLL_S = 15.0  # bound on waiting for an engine's counters to show a request
 QUERIES, HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
+SOURCE = "vllm:prompt_tokens_by_source_total"
 
 
 def group_prefix(tag: str, group: int) -> str:
@@ -82,6 +86,7 @@ class Run:
     policy: str
     served: list[Served] = field(default_factory=list)
     consumer_hits: float = 0.0  # the consumer's own prefix-cache hits over the run
+    consumer_pulled: float = 0.0  # prompt tokens the consumer pulled (external_kv_transfer)
     seconds: float = 0.0
 
     def totals(self) -> list[float]:
@@ -112,6 +117,7 @@ def run_policy(
     result = Run(policy)
     started = time.monotonic()
     consumer_before = fleet.consumer.metric(HITS)
+    pulled_before = fleet.consumer.metric(SOURCE, source="external_kv_transfer")
     try:
         client = router.client()
         seen = counters(producers)
@@ -132,6 +138,8 @@ def run_policy(
     finally:
         router.stop()
     result.consumer_hits = fleet.consumer.metric(HITS) - consumer_before
+    pulled = fleet.consumer.metric(SOURCE, source="external_kv_transfer") - pulled_before
+    result.consumer_pulled = pulled
     result.seconds = time.monotonic() - started
     TIMINGS[f"prefix routing: {policy} run ({len(result.served)} requests)"] = result.seconds
     return result
@@ -171,7 +179,8 @@ def runs(
         NOTES.append(
             f"prefix routing, {result.policy}: producer hits {result.totals()} tokens, "
             f"placements {[r.producer for r in result.served]}, "
-            f"consumer hits {result.consumer_hits:g} tokens"
+            f"consumer hits {result.consumer_hits:g} tokens, "
+            f"consumer pulled {result.consumer_pulled:g} tokens"
         )
     return results
 
@@ -202,6 +211,14 @@ def test_prefix_affinity_keeps_each_prefix_on_the_producer_that_cached_it(
     assert all(len(producers) == 1 for producers in owners.values()), owners
     assert {next(iter(p)) for p in owners.values()} == {0, 1}, owners  # one group each (SEED)
     assert run.totals() == [(USERS - 1) * SHARED_TOKENS] * 2
+
+
+def test_the_one_consumer_finds_every_repeated_prefix_in_its_own_cache(
+    runs: dict[str, Run],
+) -> None:
+    # whichever producer prefilled it: the consumer cached each group's blocks at its first pull
+    for run in runs.values():
+        assert run.consumer_hits == GROUPS * (USERS - 1) * SHARED_TOKENS, run.policy
 
 
 def test_random_placement_spreads_the_hits_over_both_producers_and_makes_fewer(
