@@ -87,6 +87,7 @@ class Run:
     served: list[Served] = field(default_factory=list)
     consumer_hits: float = 0.0  # the consumer's own prefix-cache hits over the run
     consumer_pulled: float = 0.0  # prompt tokens the consumer pulled (external_kv_transfer)
+    prompt_tokens: int = 0  # of every request of the run
     seconds: float = 0.0
 
     def totals(self) -> list[float]:
@@ -126,6 +127,7 @@ def run_policy(
                 model=MODEL, prompt=prompt, max_tokens=2, temperature=0
             )
             assert done.usage is not None and done.usage.prompt_tokens == len(prompt) + 1
+            result.prompt_tokens += done.usage.prompt_tokens
             now = wait_for_prefill(producers, seen)
             queried = [i for i, (a, b) in enumerate(zip(seen, now, strict=True)) if b[0] > a[0]]
             assert len(queried) == 1, f"both producers counted a query: {seen} -> {now}"
@@ -213,12 +215,14 @@ def test_prefix_affinity_keeps_each_prefix_on_the_producer_that_cached_it(
     assert run.totals() == [(USERS - 1) * SHARED_TOKENS] * 2
 
 
-def test_the_one_consumer_finds_every_repeated_prefix_in_its_own_cache(
+def test_the_one_consumer_finds_every_repeated_prefix_in_its_own_cache_and_pulls_the_rest(
     runs: dict[str, Run],
 ) -> None:
-    # whichever producer prefilled it: the consumer cached each group's blocks at its first pull
+    # whichever producer prefilled it: the consumer cached each group's blocks at its first
+    # pull, and pulls only what its own cache lacks (NixlConnector asks for the uncached rest)
     for run in runs.values():
         assert run.consumer_hits == GROUPS * (USERS - 1) * SHARED_TOKENS, run.policy
+        assert run.consumer_pulled == run.prompt_tokens - run.consumer_hits, run.policy
 
 
 def test_random_placement_spreads_the_hits_over_both_producers_and_makes_fewer(
