@@ -18,9 +18,10 @@ from typing import Any
 
 import httpx
 import openai
+import tomli_w
 
 from narwhal.vllm.processes import EngineProcess, free_port
-from narwhal.vllm.router_config import narwhal_config
+from narwhal.vllm.router_config import VLLM_VERSION, narwhal_config
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
@@ -55,6 +56,32 @@ def config_text(
     )
 
 
+def fleet_config_text(
+    producers: list[EngineProcess],
+    consumers: list[EngineProcess],
+    *,
+    routing: dict[str, Any] | None = None,
+) -> str:
+    """A Narwhal TOML config for several producers and consumers, each producer's NIXL side
+    channel and the true contract pinned, with a ``[routing]`` section."""
+    prefill = [
+        {"url": p.url, "role": "prefill", "kv_endpoint": p.side_channel or ""} for p in producers
+    ]
+    data: dict[str, Any] = {
+        "engine": dict(ENGINE_SETTINGS),
+        "recovery": dict(RECOVERY_SETTINGS),
+        "engine_contract": {
+            "model": MODEL,
+            "vllm_version": VLLM_VERSION,
+            "kv_connector": "NixlConnector",
+        },
+        "engines": prefill + [{"url": c.url, "role": "decode"} for c in consumers],
+    }
+    if routing:
+        data["routing"] = routing
+    return tomli_w.dumps(data)
+
+
 def narwhal_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "narwhal.cli", *args]
 
@@ -77,6 +104,7 @@ class Narwhal:
     config_path: Path
     log_path: Path
     port: int = field(default_factory=free_port)
+    seed: int = 0  # ``narwhal serve --seed``: every policy's randomness
     proc: subprocess.Popen[bytes] | None = None
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30))
 
@@ -88,7 +116,7 @@ class Narwhal:
         args = ("serve", "--config", str(self.config_path), "--port", str(self.port))
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                narwhal_cmd(*args, "--log-level", "info"),
+                narwhal_cmd(*args, "--seed", str(self.seed), "--log-level", "info"),
                 cwd=REPO,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
