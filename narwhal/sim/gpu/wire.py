@@ -11,13 +11,13 @@ token) and the fixed ``created`` time, so that a run replays byte for byte.
 
 Theory of operation: a stream's chunks share a head (id, object, created, model, the start of
 the choice), written once per sequence by :func:`chunk_head`; each chunk is that head plus
-:func:`chunk_body`. Why templates: core writes a shape by encoding a dict, which for these two
-costs more than the rest of the engine's work on a request.
+:func:`chunk_body`. A prefill reply lists its prompt's block ids from a table of their texts that
+an engine sizes once (:func:`block_id_texts`). Why templates: core writes a shape by encoding a
+dict, which for these two costs more than the rest of the engine's work on a request.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from narwhal.core import wire
@@ -83,18 +83,14 @@ def chunk_body(n: int, final: bool, chat: bool) -> bytes:
     return b"x" * n + b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
 
 
-_ID_TEXT: list[str] = []  # str(i) for the block ids 0, 1, ... seen so far, shared by every engine
+_ID_TEXT: list[str] = []  # str(i) for the block ids 0, 1, ...: one table for every engine
 
 
-def block_ids_text(block_ids: list[int]) -> str:
-    """``block_ids`` as the items of a JSON array. Why a table of their texts: a prefill reply
-    lists every KV block of its prompt, and formatting each id anew cost as much as all the
-    rest of the compiled engine's work on the request."""
-    if block_ids:
-        top = max(block_ids)
-        if top >= len(_ID_TEXT):
-            _ID_TEXT.extend(map(str, range(len(_ID_TEXT), top + 1)))
-    return ",".join([_ID_TEXT[block] for block in block_ids])
+def block_id_texts(num_blocks: int) -> list[str]:
+    """The decimal texts of the block ids below ``num_blocks``, for :func:`prefill_reply`."""
+    if len(_ID_TEXT) < num_blocks:
+        _ID_TEXT.extend(map(str, range(len(_ID_TEXT), num_blocks)))
+    return _ID_TEXT
 
 
 def prefill_reply(
@@ -102,23 +98,25 @@ def prefill_reply(
     model_json: str,
     prompt: int,
     block_ids: list[int],
+    id_texts: list[str],
     engine_id: str,
     remote_request_id: str,
     host: str,
     port: int,
 ) -> bytes:
     """A producer's answer to a prefill leg: a one-token completion whose
-    ``kv_transfer_params`` tell the consumer where to pull the KV of ``block_ids`` (``engine_id``
-    and ``host`` are the engine's own plain text)."""
-    ids = block_ids_text(block_ids)
+    ``kv_transfer_params`` tell the consumer where to pull the KV of ``block_ids`` (``id_texts``:
+    :func:`block_id_texts` for the engine's blocks; ``rid``, ``remote_request_id``,
+    ``engine_id`` and ``host`` are plain text that needs no escaping)."""
+    ids = ",".join([id_texts[block] for block in block_ids])
     return (
-        f'{{"id":{json.dumps(wire.completion_id(rid, False))},"object":"text_completion",'
+        f'{{"id":"cmpl-{rid}","object":"text_completion",'
         f'"created":{CREATED},"model":{model_json},"choices":[{{'
         f'"index":0,"text":"x","logprobs":null,"finish_reason":"length","stop_reason":null,'
         f'"prompt_logprobs":null}}],"usage":{{"prompt_tokens":{prompt},'
         f'"total_tokens":{prompt + 1},"completion_tokens":1}},"kv_transfer_params":{{'
         f'"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[{ids}]],'
-        f'"remote_engine_id":"{engine_id}","remote_request_id":{json.dumps(remote_request_id)},'
+        f'"remote_engine_id":"{engine_id}","remote_request_id":"{remote_request_id}",'
         f'"remote_host":"{host}","remote_port":{port},"tp_size":1,'
         f'"dcp_size":1,"pp_size":1,"remote_num_tokens":{prompt},'
         f'"remote_blocks_expiry_time":null,"transfer_mode":"pull",'
