@@ -17,7 +17,7 @@ def test_stream_chunks_are_core_chunks(chat: bool, n: int, final: bool) -> None:
         core.completion_id("req-7-d0", chat), "llama3-8b", wire.CREATED, chat=chat
     )
     head = wire.chunk_head("req-7-d0", wire.json_text("llama3-8b"), chat)
-    assert head + wire.chunk_body(n, final, chat) == chunks.token_chunk(
+    assert wire.token_chunk(head, n, final, chat) == chunks.token_chunk(
         "x" * n, "length" if final else None
     )
     if chat:

@@ -10,15 +10,15 @@ the simulator's own is its tokenizer (one token per character), its filler text 
 token) and the fixed ``created`` time, so that a run replays byte for byte.
 
 Theory of operation: a stream's chunks share a head (id, object, created, model, the start of
-the choice), written once per sequence by :func:`chunk_head`; each chunk is that head plus
-:func:`chunk_body`. A prefill reply lists its prompt's block ids from a table of their texts that
-an engine sizes once (:func:`block_id_texts`). Why templates: core writes a shape by encoding a
-dict, which for these two costs more than the rest of the engine's work on a request.
+the choice), written once per sequence by :func:`chunk_head`; each chunk is that head and its
+tokens (:func:`token_chunk`). A prefill reply lists its prompt's block ids from a table of their
+texts that an engine sizes once (:func:`block_id_texts`). Why templates: core writes a shape by
+encoding a dict, which for these two costs more than the rest of the engine's work on a request.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from narwhal.core import wire
 
@@ -61,26 +61,26 @@ def chunk_head(rid: str, model_json: str, chat: bool) -> bytes:
     ).encode()
 
 
+# What follows a chunk's filler text: the rest of the choice (its finish reason ``length`` on a
+# stream's last chunk: the simulator generates ``max_tokens``) and the end of the event.
+_TEXT_TAIL: Final = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+_TEXT_LAST: Final = b'","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+_CHAT_TAIL: Final = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
+_CHAT_LAST: Final = b'"},"logprobs":null,"finish_reason":"length"}]}\n\n'
+_ROLE: Final = b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+
+
 def role_chunk(head: bytes) -> bytes:
     """A chat stream's first chunk: the assistant's role, no content yet."""
-    return head + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+    return b"".join((head, _ROLE))
 
 
-def chunk_body(n: int, final: bool, chat: bool) -> bytes:
-    """The rest of a streamed chunk after its head: ``n`` tokens of filler text, and the
-    finish reason ``length`` on the last one (the simulator generates ``max_tokens``)."""
+def token_chunk(head: bytes, n: int, final: bool, chat: bool) -> bytes:
+    """A streamed chunk of ``n`` tokens of filler text after ``head`` (:func:`chunk_head`), the
+    last of its stream if ``final``."""
     if chat:
-        reason = b'"length"' if final else b"null"
-        return (
-            b'{"content":"'
-            + b"x" * n
-            + b'"},"logprobs":null,"finish_reason":'
-            + reason
-            + b"}]}\n\n"
-        )
-    if final:
-        return b"x" * n + b'","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
-    return b"x" * n + b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        return b"".join((head, b'{"content":"', b"x" * n, _CHAT_LAST if final else _CHAT_TAIL))
+    return b"".join((head, b"x" * n, _TEXT_LAST if final else _TEXT_TAIL))
 
 
 _ID_TEXT: list[str] = []  # str(i) for the block ids 0, 1, ...: one table for every engine
