@@ -2,15 +2,21 @@
 
 Rule kept here: the command only reads a scenario, runs it and writes results; the default
 scenario is embedded (``narwhal/sim/scenarios/default.toml``), so the command works with no
-arguments. Heavy imports happen inside the handler so ``narwhal --help`` stays fast.
+arguments. Heavy imports happen inside the handler so ``narwhal --help`` stays fast. The
+command, not the library, sets the process's garbage-collector thresholds for the length of
+its run (:data:`GC_THRESHOLDS`; docs/simulator.md, Performance rules).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 from typing import Any
+
+GC_THRESHOLDS = (100_000, 50, 100)
+"""The cyclic collector's thresholds for a simulation run (Python's default: 700, 10, 10)."""
 
 
 def register(subparsers: Any) -> None:
@@ -47,11 +53,15 @@ def _simulate(args: argparse.Namespace) -> int:
     from narwhal.sim.results import record_rows, summarize, table, write
     from narwhal.sim.runner import run
 
+    saved = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         result = run(scenario, args.seed)
     except ValueError as error:
         print(f"narwhal simulate: {error}", file=sys.stderr)
         return 2
+    finally:
+        gc.set_threshold(*saved)  # the handler may run inside another program (tests)
     out = Path(args.out)
     summary = write(result, out)
     if not args.no_plot:

@@ -170,3 +170,27 @@ def test_a_non_streaming_run_does_not_call_the_first_token_the_clients() -> None
     whole = table(summarize(run(scenario(workload={"duration_s": 1.0, "stream": False}))))
     assert "TTFT at client" in streamed and "first token (router)" not in streamed
     assert "first token (router)" in whole and "TTFT at client" not in whole
+
+
+def test_the_cli_raises_the_collectors_thresholds_for_its_run_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    import narwhal.sim.runner
+    from narwhal.sim.commands import GC_THRESHOLDS
+
+    seen: list[tuple[int, ...]] = []
+
+    def observed_run(*args: object) -> object:  # the real run, the thresholds it ran under noted
+        seen.append(gc.get_threshold())
+        return run(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(narwhal.sim.runner, "run", observed_run)
+    before = gc.get_threshold()
+    path = tmp_path / "tiny.toml"
+    path.write_text(
+        '[fleet]\nprefill = 1\ndecode = 1\n[workload]\nkind = "fixed"\narrivals_s = [0.0]\n'
+    )
+    assert main(["simulate", str(path), "--out", str(tmp_path / "o"), "--no-plot"]) == 0
+    assert seen == [GC_THRESHOLDS] and gc.get_threshold() == before
