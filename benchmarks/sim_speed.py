@@ -48,6 +48,7 @@ from typing import Any
 
 from narwhal.config_file import parse_toml
 from narwhal.core.records import DecisionLog
+from narwhal.sim.commands import GC_THRESHOLDS  # as `narwhal simulate` runs
 from narwhal.sim.runner import run
 from narwhal.sim.scenario import Scenario, parse_scenario
 
@@ -56,12 +57,6 @@ RESULTS = REPO / "benchmarks" / "results"
 PUBLISHED = (160.0, 670.0)  # Vidur ~159, DistServe's ~530, SplitwiseSim ~665 req/s (10k requests)
 TARGET = 5000.0
 METRIC = "per_wall_s"  # what the figure shows (one core: the process uses one at a time)
-# The cyclic collector's thresholds for the runs (Python's default: 700, 10, 10). Why: a run
-# allocates a few hundred short-lived objects per request and keeps every record, so with the
-# default the collector rescans the young ones thousands of times and the whole heap once per
-# 10k requests; a finished request leaves no reference cycle, so collecting rarely costs little
-# memory. The library leaves the process's collector alone: a program that runs it sets this.
-GC_THRESHOLDS = (100_000, 50, 100)
 
 SCENARIO = """
 name = "sim-speed"

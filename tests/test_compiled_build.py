@@ -2,15 +2,21 @@
 
 On a plain install this checks the list names real modules; with ``NARWHAL_EXPECT_COMPILED=1``
 (set by ``.ci/run`` when it runs the suite against ``.venv-compiled``) it also checks that every
-listed module is the compiled extension, so the suite provably ran the compiled code.
+listed module is the compiled extension, so the suite provably ran the compiled code. And the
+compiled modules join bytes rather than add them: mypyc (below 2.4) leaks the left operand of
+every ``bytes + bytes`` (mypyc/mypyc#1192), which in a hot path grows a long run's memory without
+bound; the functions that build a simulated request's bytes are checked to leave nothing behind.
 """
 
 from __future__ import annotations
 
 import ast
+import gc
 import importlib
 import importlib.util
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,3 +47,67 @@ def test_listed_modules_are_compiled() -> None:
     for name in compiled_modules():
         module = importlib.import_module(name)
         assert module.__file__ is not None and module.__file__.endswith(".so"), module.__file__
+
+
+def bytes_additions(tree: ast.AST) -> list[int]:
+    """Lines of ``+`` or ``+=`` with a bytes literal on either side."""
+
+    def is_bytes(node: ast.expr) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, bytes)
+
+    lines = []
+    for node in ast.walk(tree):
+        sides: tuple[ast.expr, ...] = ()
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            sides = (node.left, node.right)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
+            sides = (node.value,)
+        if any(is_bytes(side) for side in sides):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_compiled_modules_add_no_bytes() -> None:
+    assert bytes_additions(ast.parse('x = a + b"\\n"\ny = b"" + c\nz += b"d"')) == [1, 2, 3]
+    found = {}
+    for name in compiled_modules():
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        # the source, beside the compiled extension in the compiled build
+        path = Path(spec.origin).with_name(name.rsplit(".", 1)[1] + ".py")
+        lines = bytes_additions(ast.parse(path.read_text()))
+        if lines:
+            found[name] = lines
+    assert found == {}  # join (b"".join) or format instead
+
+
+def blocks_left(build: Callable[[], object], calls: int = 2_000) -> float:
+    """Heap blocks still allocated per call once ``calls`` results were built and dropped (with
+    the cyclic collector paused: what is left is what reference counting never freed)."""
+    build()
+    gc.disable()
+    try:
+        before = sys.getallocatedblocks()
+        for _ in range(calls):
+            build()
+        return (sys.getallocatedblocks() - before) / calls
+    finally:
+        gc.enable()
+
+
+def test_a_simulated_streams_bytes_leave_nothing_behind() -> None:
+    from narwhal.core.sse import EventKind, SseEvent, SseParser
+    from narwhal.sim.gpu import wire
+
+    head = wire.chunk_head("req-1", wire.json_text("m"), True)
+    two_events = b'data: {"a":1}\n\ndata: {"b":2}\n\n'
+    builders: dict[str, Callable[[], object]] = {
+        "token_chunk": lambda: wire.token_chunk(head, 16, True, True),
+        "role_chunk": lambda: wire.role_chunk(head),
+        "chunk_head": lambda: wire.chunk_head("req-1", '"m"', False),
+        "event wire": lambda: SseEvent(EventKind.MALFORMED, "{").wire(),
+        "two-line event wire": lambda: SseEvent(EventKind.MALFORMED, "{\n}").wire(),
+        "two whole events": lambda: SseParser().feed(two_events),
+    }
+    left = {name: blocks_left(build) for name, build in builders.items()}
+    assert all(per_call < 0.05 for per_call in left.values()), left

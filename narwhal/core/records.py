@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,24 +57,62 @@ class DecisionLog:
             self.on_decision(decision)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRecord:
     """What one client request did. Durations are seconds from arrival at the router, on the
-    clock the caller passes."""
+    clock the caller passes. Immutable (``Final``); two records are equal when they say the
+    same (:meth:`as_dict`)."""
 
-    request_id: str
-    arrival: float
-    status: int
-    outcome: str  # "ok", the FaultKind value that ended it, "client_gone"
-    committed: bool  # HTTP 200 was sent before the end (streaming)
-    ttft_s: float | None  # producer HTTP leg completed (last attempt that got there)
-    # first generated decode output observed by the router (last attempt that got there)
-    first_byte_s: float | None
-    finished_s: float  # end of the request
-    attempts: int
-    engines: tuple[str, ...]  # every engine used, in order (producer, consumer, ...)
-    output_tokens: int  # generated-output events (last decode)
-    error: str | None = None
+    __slots__ = (
+        "arrival",
+        "attempts",
+        "committed",
+        "engines",
+        "error",
+        "finished_s",
+        "first_byte_s",
+        "outcome",
+        "output_tokens",
+        "request_id",
+        "status",
+        "ttft_s",
+    )
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        arrival: float,
+        status: int,
+        outcome: str,
+        committed: bool,
+        ttft_s: float | None,
+        first_byte_s: float | None,
+        finished_s: float,
+        attempts: int,
+        engines: tuple[str, ...],
+        output_tokens: int,
+        error: str | None = None,
+    ) -> None:
+        self.request_id: Final = request_id
+        self.arrival: Final = arrival
+        self.status: Final = status
+        self.outcome: Final = outcome  # "ok", the FaultKind value that ended it, "client_gone"
+        self.committed: Final = committed  # HTTP 200 was sent before the end (streaming)
+        self.ttft_s: Final = ttft_s  # producer HTTP leg completed (last attempt that got there)
+        # first generated decode output observed by the router (last attempt that got there)
+        self.first_byte_s: Final = first_byte_s
+        self.finished_s: Final = finished_s  # end of the request
+        self.attempts: Final = attempts
+        self.engines: Final = engines  # every engine used, in order (producer, consumer, ...)
+        self.output_tokens: Final = output_tokens  # generated-output events (last decode)
+        self.error: Final = error
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RequestRecord) and self.as_dict() == other.as_dict()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in self.as_dict().items())
+        return f"RequestRecord({fields})"
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -110,9 +110,9 @@ class SseEvent:
             return self.encoded
         data = self.data
         if "\n" not in data and "\r" not in data:
-            return b"data: " + data.encode("utf-8") + b"\n\n"
+            return f"data: {data}\n\n".encode()
         lines = _EOL.split(data)
-        return "".join(f"data: {line}\n" for line in lines).encode("utf-8") + b"\n"
+        return "".join([f"data: {line}\n" for line in lines] + ["\n"]).encode()
 
 
 _DONE_WIRE = b"data: [DONE]\n\n"
@@ -277,7 +277,7 @@ class SseParser:
                     break
             else:
                 self._start = False
-                return [self._whole_event(block + b"\n\n") for block in blocks]
+                return [self._whole_event(b"".join((block, b"\n\n"))) for block in blocks]
         if self._skip_lf:
             self._skip_lf = False
             if chunk[0] == 0x0A:

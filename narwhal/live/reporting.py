@@ -23,7 +23,6 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar, Token
-from dataclasses import replace
 from typing import Any
 
 from narwhal.core.records import RequestRecord
@@ -109,13 +108,15 @@ def shutdown_record(record: RequestRecord, committed: bool) -> RequestRecord:
     """``record`` as its client got it when shutdown ended it: 503, or (``committed``) a 200
     stream ended by a terminal event carrying 503 (a committed failure records the fault's
     status, as every other one does)."""
-    return replace(
-        record,
+    values = record.as_dict()
+    values.update(
         outcome=SHUTDOWN,
         status=SHUTDOWN_STATUS,
         committed=committed,
         error=SHUTDOWN_MESSAGE,
+        engines=record.engines,
     )
+    return RequestRecord(**values)
 
 
 class RequestReporter:

@@ -2,15 +2,21 @@
 
 Rule kept here: the command only reads a scenario, runs it and writes results; the default
 scenario is embedded (``narwhal/sim/scenarios/default.toml``), so the command works with no
-arguments. Heavy imports happen inside the handler so ``narwhal --help`` stays fast.
+arguments. Heavy imports happen inside the handler so ``narwhal --help`` stays fast. The
+command, not the library, sets the process's garbage-collector thresholds for the length of
+its run (:data:`GC_THRESHOLDS`; docs/simulator.md, Performance rules).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 from typing import Any
+
+GC_THRESHOLDS = (100_000, 50, 100)
+"""The cyclic collector's thresholds for a simulation run (Python's default: 700, 10, 10)."""
 
 
 def register(subparsers: Any) -> None:
@@ -55,19 +61,23 @@ def _simulate(args: argparse.Namespace) -> int:
     from narwhal.sim.runner import run
 
     # delay: a run of a few seconds (the default scenario) prints nothing but its summary
-    with tqdm(
-        desc="simulate", unit="req", file=sys.stderr, delay=2.0, disable=args.no_progress
-    ) as bar:
+    saved = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        with tqdm(
+            desc="simulate", unit="req", file=sys.stderr, delay=2.0, disable=args.no_progress
+        ) as bar:
 
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
+            def progress(done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
 
-        try:
             result = run(scenario, args.seed, progress=progress)
-        except ValueError as error:
-            print(f"narwhal simulate: {error}", file=sys.stderr)
-            return 2
+    except ValueError as error:
+        print(f"narwhal simulate: {error}", file=sys.stderr)
+        return 2
+    finally:
+        gc.set_threshold(*saved)  # the handler may run inside another program (tests)
     out = Path(args.out)
     summary = write(result, out)
     if not args.no_plot:

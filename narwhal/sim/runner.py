@@ -12,8 +12,9 @@ draws. Arrivals come from one SimPy process; each starts a task running ``serve_
 record the core hands to ``policies.on_record``. A sampler process snapshots every
 engine (router-side breaker state and reservations, engine-side condition and queues) every
 ``sim.sample_interval_s``. The run ends when the last request has its record (the maintenance
-loop is then told to stop); :class:`RunResult` carries everything :mod:`narwhal.sim.results`
-needs.
+loop is then told to stop) or at ``sim.max_sim_s``: a request still running then has no record,
+even if its coroutine, closed later by the garbage collector, hands one in.
+:class:`RunResult` carries everything :mod:`narwhal.sim.results` needs.
 """
 
 from __future__ import annotations
@@ -112,11 +113,14 @@ def run(
 
     log = log if log is not None else DecisionLog(enabled=sim.decision_log)
     records: list[RequestRecord] = []
+    stopped = False  # the run is over: records handed in later are not the run's
     arrivals = generate(scenario.workload, workload_rng)
     total = len(arrivals)
     all_done = env.event()
 
     def on_record(record: RequestRecord) -> None:
+        if stopped:  # a request the end of the run cut off, closed later (by the collector)
+            return
         records.append(record)
         if progress is not None:
             progress(len(records), total)
@@ -130,7 +134,6 @@ def run(
     windows = expand(list(scenario.faults), roles, horizon, fault_rng)
     install(env, engines, windows)
 
-    stopped = False
     start(
         env,
         maintenance_loop(

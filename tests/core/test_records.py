@@ -1,9 +1,9 @@
 """The decision log: in order, sorted details, nothing kept when disabled, an observer called on
-each decision, and a bounded memory."""
+each decision, and a bounded memory; request records equal by what they say."""
 
 from __future__ import annotations
 
-from narwhal.core.records import Decision, DecisionLog
+from narwhal.core.records import Decision, DecisionLog, RequestRecord
 
 
 def test_decisions_are_kept_in_order_with_sorted_details() -> None:
@@ -38,3 +38,28 @@ def test_the_observer_sees_every_decision_and_the_memory_stays_bounded() -> None
     assert [d.t for d in seen] == [float(t) for t in range(10)]
     assert 3 <= len(log.entries) <= 6
     assert [d.t for d in log.entries] == [float(t) for t in range(10 - len(log.entries), 10)]
+
+
+def record(**changes: object) -> RequestRecord:
+    fields: dict[str, object] = {
+        "request_id": "req-1",
+        "arrival": 1.0,
+        "status": 200,
+        "outcome": "ok",
+        "committed": True,
+        "ttft_s": 0.1,
+        "first_byte_s": 0.2,
+        "finished_s": 0.5,
+        "attempts": 1,
+        "engines": ("http://p", "http://d"),
+        "output_tokens": 3,
+    }
+    return RequestRecord(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_records_are_equal_when_they_say_the_same() -> None:
+    assert record() == record() and record() != record(attempts=2)
+    assert record(error="x") != record() and record() != record().as_dict()
+    assert record().as_dict()["engines"] == ["http://p", "http://d"]
+    assert record().as_dict()["error"] is None  # the default
+    assert repr(record()).startswith("RequestRecord(request_id='req-1', arrival=1.0, ")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,12 +41,30 @@ def _read(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+def quick_args(name: str, out: Path) -> list[str]:
+    return ["sweep", str(EXPERIMENTS / f"{name}.toml"), "--quick", "--workers", "0",
+            "--no-progress", "--out", str(out)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def quick_sweeps(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The output folder of each recipe's quick sweep, run once for the module (read-only: a
+    test that changes files works on a copy)."""
+    done: dict[str, Path] = {}
+
+    def quick(name: str) -> Path:
+        if name not in done:
+            out = tmp_path_factory.mktemp("quick") / name
+            assert main(quick_args(name, out)) == 0
+            done[name] = out
+        return done[name]
+
+    return quick
+
+
 @pytest.mark.parametrize("name", sorted(RECIPE_FILES))
-def test_quick_recipe_writes_csv_and_png(name: str, tmp_path: Path) -> None:
-    out = tmp_path / name
-    code = main(["sweep", str(EXPERIMENTS / f"{name}.toml"), "--quick", "--workers", "0",
-                 "--no-progress", "--out", str(out)])  # fmt: skip
-    assert code == 0
+def test_quick_recipe_writes_csv_and_png(name: str, quick_sweeps: Callable[[str], Path]) -> None:
+    out = quick_sweeps(name)
     runs, points = _read(out / "runs.csv"), _read(out / "points.csv")
     meta = json.loads((out / "sweep.json").read_text("utf-8"))
     assert meta["quick"] is True and meta["runs"] == len(runs)
@@ -123,11 +143,11 @@ def test_ray_missing_is_a_clear_error(
     assert "pip install 'narwhal-router[ray]'" in capsys.readouterr().err
 
 
-def test_redraw_rebuilds_the_same_files_from_runs_csv(tmp_path: Path) -> None:
-    spec_path = str(EXPERIMENTS / "tuning.toml")
-    out = tmp_path / "tuning"
-    args = ["sweep", spec_path, "--quick", "--workers", "0", "--no-progress", "--out", str(out)]
-    assert main(args) == 0
+def test_redraw_rebuilds_the_same_files_from_runs_csv(
+    tmp_path: Path, quick_sweeps: Callable[[str], Path]
+) -> None:
+    out = shutil.copytree(quick_sweeps("tuning"), tmp_path / "tuning")
+    args = quick_args("tuning", out)
     before = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
     (out / "tuning.png").unlink()
     assert main([*args, "--redraw"]) == 0
@@ -135,11 +155,11 @@ def test_redraw_rebuilds_the_same_files_from_runs_csv(tmp_path: Path) -> None:
     assert main([*args, "--redraw", "--seed", "1"]) == 2  # other seeds: not this sweep's CSV
 
 
-def test_redraw_refuses_another_grids_runs_even_with_the_same_seeds(tmp_path: Path) -> None:
-    spec_path = str(EXPERIMENTS / "tuning.toml")
-    out = tmp_path / "tuning"
-    args = ["sweep", spec_path, "--quick", "--workers", "0", "--no-progress", "--out", str(out)]
-    assert main(args) == 0
+def test_redraw_refuses_another_grids_runs_even_with_the_same_seeds(
+    tmp_path: Path, quick_sweeps: Callable[[str], Path]
+) -> None:
+    out = shutil.copytree(quick_sweeps("tuning"), tmp_path / "tuning")
+    args = quick_args("tuning", out)
     runs = out / "runs.csv"
     rows = list(csv.DictReader(runs.read_text("utf-8").splitlines()))
     column = next(key for key in rows[0] if "eject_after" in key)

@@ -2,7 +2,7 @@
 
 Three producers and four consumers are emulated engines over loopback; each answers every
 request with a fault drawn at the rate :data:`FAULT_RATE` (spread evenly over the per-request
-faults the emulator acts out on that leg, from its own seed). A few hundred requests, streamed
+faults the emulator acts out on that leg, from its own seed). Two hundred requests, streamed
 and whole, go through the real router over HTTP at concurrency :data:`CONCURRENCY`, with
 ``max_attempts = 3`` and ``failure_quarantine_s = 2``. What must hold:
 
@@ -49,7 +49,7 @@ from tests.live.conftest import Emulator, RouterHandle, Servers, start_emulator,
 
 SEED = 17
 FAULT_RATE = 0.05  # per engine, per request it serves
-REQUESTS = 400
+REQUESTS = 200  # success (about 98%) spreads by under a point: well inside floor and tolerance
 CONCURRENCY = 16
 MAX_TOKENS = 8
 PROMPT_TOKENS = 50  # what the emulator counts in the prompts of :func:`prompt_of`
@@ -354,7 +354,7 @@ def test_diffuse_faults_on_every_engine_leave_the_fleet_serving(servers: Servers
 
 
 LIVE_SUCCESS_PCT = 98.5  # the live soak, as measured (97.5-99.25% over runs)
-LIVE_RATE_RPS = 26.0  # the rate the live soak serves its requests at (400 in 14-17 s)
+LIVE_RATE_RPS = 26.0  # the rate the live soak serves its requests at (200 in 5-10 s)
 
 
 def test_the_simulator_gives_the_live_figure() -> None:

@@ -17,7 +17,7 @@ def test_stream_chunks_are_core_chunks(chat: bool, n: int, final: bool) -> None:
         core.completion_id("req-7-d0", chat), "llama3-8b", wire.CREATED, chat=chat
     )
     head = wire.chunk_head("req-7-d0", wire.json_text("llama3-8b"), chat)
-    assert head + wire.chunk_body(n, final, chat) == chunks.token_chunk(
+    assert wire.token_chunk(head, n, final, chat) == chunks.token_chunk(
         "x" * n, "length" if final else None
     )
     if chat:
@@ -31,6 +31,7 @@ def test_the_prefill_reply_is_core_prefill_reply() -> None:
         wire.json_text("m"),
         61,
         blocks,
+        wire.block_id_texts(13),
         "e-1",
         "cmpl-req-3-p0-0-0a0b0c0d",
         "10.0.0.2",
@@ -57,7 +58,8 @@ def test_the_tokenizer_counts_characters_ids_or_messages() -> None:
     assert wire.prompt_tokens({"max_tokens": 3}) is None
 
 
-def test_block_ids_are_written_as_json_array_items() -> None:
-    assert wire.block_ids_text([]) == ""
-    assert wire.block_ids_text([3, 0, 12]) == "3,0,12"
-    assert wire.block_ids_text([70_000, 5]) == "70000,5"  # past the ids seen so far
+def test_block_id_texts_cover_the_engines_blocks() -> None:
+    small = wire.block_id_texts(13)
+    assert small[:13] == [str(i) for i in range(13)]
+    texts = wire.block_id_texts(70_001)  # grows past the ids it held
+    assert len(texts) >= 70_001 and texts[12] == "12" and texts[70_000] == "70000"

@@ -28,10 +28,11 @@ FAULTY = {
 }
 
 
-def _write(tmp: Path, seed: int | None) -> dict[str, bytes]:
+def _write(tmp: Path, seed: int | None, *, with_plot: bool = True) -> dict[str, bytes]:
     result = run(scenario(**FAULTY), seed)
     write(result, tmp)
-    plot(result, record_rows(result), summarize(result), tmp / "plot.png")
+    if with_plot:
+        plot(result, record_rows(result), summarize(result), tmp / "plot.png")
     return {p.name: p.read_bytes() for p in sorted(tmp.iterdir())}
 
 
@@ -49,7 +50,7 @@ def test_same_seed_gives_byte_identical_results(tmp_path: Path) -> None:
         "plot.png",
     }
     assert first == second
-    other = _write(tmp_path / "c", 12345)
+    other = _write(tmp_path / "c", 12345, with_plot=False)
     assert other["records.csv"] != first["records.csv"]
 
 
@@ -172,3 +173,27 @@ def test_a_non_streaming_run_does_not_call_the_first_token_the_clients() -> None
     whole = table(summarize(run(scenario(workload={"duration_s": 1.0, "stream": False}))))
     assert "TTFT at client" in streamed and "first token (router)" not in streamed
     assert "first token (router)" in whole and "TTFT at client" not in whole
+
+
+def test_the_cli_raises_the_collectors_thresholds_for_its_run_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    import narwhal.sim.runner
+    from narwhal.sim.commands import GC_THRESHOLDS
+
+    seen: list[tuple[int, ...]] = []
+
+    def observed_run(*args: object, **options: object) -> object:  # the thresholds it ran under
+        seen.append(gc.get_threshold())
+        return run(*args, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(narwhal.sim.runner, "run", observed_run)
+    before = gc.get_threshold()
+    path = tmp_path / "tiny.toml"
+    path.write_text(
+        '[fleet]\nprefill = 1\ndecode = 1\n[workload]\nkind = "fixed"\narrivals_s = [0.0]\n'
+    )
+    assert main(["simulate", str(path), "--out", str(tmp_path / "o"), "--no-plot"]) == 0
+    assert seen == [GC_THRESHOLDS] and gc.get_threshold() == before

@@ -1,5 +1,6 @@
 """The runner: arrivals start on time and in order; a run leaves the process's garbage collector
-as it found it (a library does not tune the process)."""
+as it found it (a library does not tune the process), and what the collector does after a run
+does not change its records."""
 
 from __future__ import annotations
 
@@ -50,3 +51,23 @@ def test_progress_watches_every_request_end_and_changes_nothing() -> None:
     total = len(plain.records)
     assert total > 0 and seen == [(n, total) for n in range(1, total + 1)]
     assert watched.records == plain.records and watched.decisions == plain.decisions
+
+
+def test_requests_cut_off_by_the_end_of_the_run_stay_without_a_record() -> None:
+    """A request still running at ``max_sim_s`` is unfinished, even once the collector closes
+    its coroutine (the core then writes a record for it, which the run no longer takes)."""
+    hung = {
+        "engine": {
+            "first_token_timeout_s": 86400,
+            "decode_read_timeout_s": 0,
+            "request_timeout_s": 86400,
+        },
+        "fleet": {"prefill": 1, "decode": 1},
+        "workload": {"kind": "fixed", "arrivals_s": [0.0, 0.5], "prompt": None, "output": None},
+        "faults": [{"kind": "hang", "role": "decode", "at_s": 0.0, "duration_s": 1e7}],
+        "sim": {"max_sim_s": 5.0, "health_checks": False},
+    }
+    result = run(scenario(**hung))
+    assert result.records == []
+    gc.collect()  # closes the two requests' coroutines, which nothing references any more
+    assert result.records == []

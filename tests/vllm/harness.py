@@ -161,6 +161,10 @@ class Narwhal:
         data: dict[str, Any] = self.http.get(self.url + "/status").json()
         return data
 
+    def metrics(self) -> str:
+        """The router's ``GET /metrics`` (Prometheus text)."""
+        return self.http.get(self.url + "/metrics").text
+
     def engine(self, url: str) -> dict[str, Any]:
         return next(e for e in self.status()["engines"] if e["url"] == url)
 

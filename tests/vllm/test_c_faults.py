@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
 REQUESTS = "vllm:request_success_total"
 GENERATED = "vllm:generation_tokens_total"
+PROBES = "narwhal_probes_total"  # the router's, by engine and outcome
 
 
 def consumer_load(pair: Fleet) -> float:
@@ -38,6 +39,21 @@ def error_type(error: openai.APIStatusError) -> str:
         if isinstance(inner, dict):
             return str(inner.get("type"))
     return ""
+
+
+def wait_for_failed_probes(router: Narwhal, url: str, count: int, timeout: float) -> None:
+    """Poll the router until ``count`` probes of ``url`` have failed, ``url`` out of service
+    (ejected or being probed) at every look."""
+    end = time.monotonic() + timeout
+    while True:
+        failed = metric_sum(router.metrics(), PROBES, engine=url, outcome="failed")
+        state = router.engine(url)["state"]
+        assert state in ("ejected", "probing"), state
+        if failed >= count:
+            return
+        if time.monotonic() > end:
+            raise AssertionError(f"{failed} of {count} probes of {url} failed in {timeout} s")
+        time.sleep(0.2)
 
 
 def test_frozen_consumer_504_then_probe_readmits(
@@ -63,8 +79,8 @@ def test_frozen_consumer_504_then_probe_readmits(
         entry = router.engine(pair.consumer.url)
         assert entry["state"] in ("ejected", "probing"), entry
         assert entry["ejected_since"] is not None
-        time.sleep(2 * timeout_s)  # probes keep failing while it is frozen
-        assert router.engine(pair.consumer.url)["state"] in ("ejected", "probing")
+        # Probes keep failing while it is frozen: two of them fail, and it stays out meanwhile.
+        wait_for_failed_probes(router, pair.consumer.url, 2, timeout=45)
     finally:
         pair.consumer.thaw()
     router.wait_engine(pair.consumer.url, "ready", timeout=45)
@@ -94,15 +110,18 @@ def test_handoff_older_than_max_age_is_not_used(
     assert caught.value.status_code == 504, caught.value
     assert error_type(caught.value) == "handoff_too_old"
     assert max_age_s <= took < max_age_s + 5, took
-    time.sleep(1.0)  # the producer finishes the stale prefill now; nobody may decode it
     assert consumer_load(pair) == load_before
     assert router.engine(pair.producer.url)["failure_streak"] == 1
-    # The same router and fleet serve a fresh handoff.
+    # The same router and fleet serve a fresh handoff. Its prefill runs after the thawed
+    # producer has finished (or dropped) the stale one, which came first, so by its end nothing
+    # may have decoded the stale handoff: the consumer did this request's work and no more
+    # (its prompt's tokens, every one pulled, and one finished request).
     done = client.completions.create(
         model=MODEL, prompt=unique_prompt(4, 50), max_tokens=8, temperature=0
     )
     assert len(done.choices[0].text) == 8
-    assert consumer_load(pair) > load_before
+    assert done.usage is not None
+    assert consumer_load(pair) == load_before + done.usage.prompt_tokens + 1
 
 
 def test_producer_down_gives_502_before_commit(

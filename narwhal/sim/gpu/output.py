@@ -21,7 +21,7 @@ from __future__ import annotations
 from narwhal.core.wire import DONE
 from narwhal.sim.gpu.sequence import EOF, Resumer, Seq, SimStream, take_chunk
 from narwhal.sim.gpu.totals import EngineTotals
-from narwhal.sim.gpu.wire import ERROR_500, chunk_body
+from narwhal.sim.gpu.wire import ERROR_500, token_chunk
 
 
 class StreamWriter:
@@ -48,7 +48,7 @@ class StreamWriter:
             if n == seq.chunk_tokens and not final:  # the usual chunk: its bytes are known
                 data = seq.chunk
             else:
-                data = seq.head + chunk_body(n, final, seq.chat)
+                data = token_chunk(seq.head, n, final, seq.chat)
                 if not final:
                     seq.chunk_tokens, seq.chunk = n, data
             stream.buffer.append((now, data))

@@ -111,6 +111,7 @@ class Scheduler:
         self.wake = wake  # wakes the engine if idle (there is new work)
         self.totals = totals
         self.model_json = model_json  # the served model's name as JSON, in prefill replies
+        self.id_texts = wire.block_id_texts(params.num_blocks)  # for prefill replies
         self.seqs: dict[int, Seq] = {}  # every sequence in the engine, by id
         self.waiting: deque[Seq] = deque()
         self.prefilling: list[Seq] = []
@@ -382,6 +383,7 @@ class Scheduler:
             self.model_json,
             seq.prompt,
             blocks,
+            self.id_texts,
             engine_id,
             remote_id,
             handoffs.side_host,

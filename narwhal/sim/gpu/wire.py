@@ -10,15 +10,15 @@ the simulator's own is its tokenizer (one token per character), its filler text 
 token) and the fixed ``created`` time, so that a run replays byte for byte.
 
 Theory of operation: a stream's chunks share a head (id, object, created, model, the start of
-the choice), written once per sequence by :func:`chunk_head`; each chunk is that head plus
-:func:`chunk_body`. Why templates: core writes a shape by encoding a dict, which for these two
-costs more than the rest of the engine's work on a request.
+the choice), written once per sequence by :func:`chunk_head`; each chunk is that head and its
+tokens (:func:`token_chunk`). A prefill reply lists its prompt's block ids from a table of their
+texts that an engine sizes once (:func:`block_id_texts`). Why templates: core writes a shape by
+encoding a dict, which for these two costs more than the rest of the engine's work on a request.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Any, Final
 
 from narwhal.core import wire
 
@@ -61,40 +61,36 @@ def chunk_head(rid: str, model_json: str, chat: bool) -> bytes:
     ).encode()
 
 
+# What follows a chunk's filler text: the rest of the choice (its finish reason ``length`` on a
+# stream's last chunk: the simulator generates ``max_tokens``) and the end of the event.
+_TEXT_TAIL: Final = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+_TEXT_LAST: Final = b'","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+_CHAT_TAIL: Final = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
+_CHAT_LAST: Final = b'"},"logprobs":null,"finish_reason":"length"}]}\n\n'
+_ROLE: Final = b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+
+
 def role_chunk(head: bytes) -> bytes:
     """A chat stream's first chunk: the assistant's role, no content yet."""
-    return head + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+    return b"".join((head, _ROLE))
 
 
-def chunk_body(n: int, final: bool, chat: bool) -> bytes:
-    """The rest of a streamed chunk after its head: ``n`` tokens of filler text, and the
-    finish reason ``length`` on the last one (the simulator generates ``max_tokens``)."""
+def token_chunk(head: bytes, n: int, final: bool, chat: bool) -> bytes:
+    """A streamed chunk of ``n`` tokens of filler text after ``head`` (:func:`chunk_head`), the
+    last of its stream if ``final``."""
     if chat:
-        reason = b'"length"' if final else b"null"
-        return (
-            b'{"content":"'
-            + b"x" * n
-            + b'"},"logprobs":null,"finish_reason":'
-            + reason
-            + b"}]}\n\n"
-        )
-    if final:
-        return b"x" * n + b'","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
-    return b"x" * n + b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        return b"".join((head, b'{"content":"', b"x" * n, _CHAT_LAST if final else _CHAT_TAIL))
+    return b"".join((head, b"x" * n, _TEXT_LAST if final else _TEXT_TAIL))
 
 
-_ID_TEXT: list[str] = []  # str(i) for the block ids 0, 1, ... seen so far, shared by every engine
+_ID_TEXT: list[str] = []  # str(i) for the block ids 0, 1, ...: one table for every engine
 
 
-def block_ids_text(block_ids: list[int]) -> str:
-    """``block_ids`` as the items of a JSON array. Why a table of their texts: a prefill reply
-    lists every KV block of its prompt, and formatting each id anew cost as much as all the
-    rest of the compiled engine's work on the request."""
-    if block_ids:
-        top = max(block_ids)
-        if top >= len(_ID_TEXT):
-            _ID_TEXT.extend(map(str, range(len(_ID_TEXT), top + 1)))
-    return ",".join([_ID_TEXT[block] for block in block_ids])
+def block_id_texts(num_blocks: int) -> list[str]:
+    """The decimal texts of the block ids below ``num_blocks``, for :func:`prefill_reply`."""
+    if len(_ID_TEXT) < num_blocks:
+        _ID_TEXT.extend(map(str, range(len(_ID_TEXT), num_blocks)))
+    return _ID_TEXT
 
 
 def prefill_reply(
@@ -102,6 +98,7 @@ def prefill_reply(
     model_json: str,
     prompt: int,
     block_ids: list[int],
+    id_texts: list[str],
     engine_id: str,
     remote_request_id: str,
     host: str,
@@ -109,20 +106,22 @@ def prefill_reply(
     cached: int | None = None,
 ) -> bytes:
     """A producer's answer to a prefill leg: a one-token completion whose
-    ``kv_transfer_params`` tell the consumer where to pull the KV of ``block_ids`` (``engine_id``
-    and ``host`` are the engine's own plain text). ``cached``: the prompt tokens found in the
-    producer's prefix cache, reported in ``usage.prompt_tokens_details.cached_tokens`` and
-    ``remote_prefill_cached_tokens`` (None: prefix caching off, no details)."""
-    ids = block_ids_text(block_ids)
+    ``kv_transfer_params`` tell the consumer where to pull the KV of ``block_ids`` (``id_texts``:
+    :func:`block_id_texts` for the engine's blocks; ``rid``, ``remote_request_id``,
+    ``engine_id`` and ``host`` are plain text that needs no escaping). ``cached``: the prompt
+    tokens found in the producer's prefix cache, reported in
+    ``usage.prompt_tokens_details.cached_tokens`` and ``remote_prefill_cached_tokens`` (None:
+    prefix caching off, no details)."""
+    ids = ",".join([id_texts[block] for block in block_ids])
     details = "" if cached is None else f',"prompt_tokens_details":{{"cached_tokens":{cached}}}'
     return (
-        f'{{"id":{json.dumps(wire.completion_id(rid, False))},"object":"text_completion",'
+        f'{{"id":"cmpl-{rid}","object":"text_completion",'
         f'"created":{CREATED},"model":{model_json},"choices":[{{'
         f'"index":0,"text":"x","logprobs":null,"finish_reason":"length","stop_reason":null,'
         f'"prompt_logprobs":null}}],"usage":{{"prompt_tokens":{prompt},'
         f'"total_tokens":{prompt + 1},"completion_tokens":1{details}}},"kv_transfer_params":{{'
         f'"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[{ids}]],'
-        f'"remote_engine_id":"{engine_id}","remote_request_id":{json.dumps(remote_request_id)},'
+        f'"remote_engine_id":"{engine_id}","remote_request_id":"{remote_request_id}",'
         f'"remote_host":"{host}","remote_port":{port},"tp_size":1,'
         f'"dcp_size":1,"pp_size":1,"remote_num_tokens":{prompt},'
         f'"remote_blocks_expiry_time":null,"transfer_mode":"pull",'
