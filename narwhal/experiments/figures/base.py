@@ -75,14 +75,16 @@ def short(key: str) -> str:
 
 def trace_note(result: SweepResult) -> str | None:
     """The citation of the trace a sweep's workload replays, if any."""
-    from narwhal.sim.workload import TRACE_CITATION
+    from narwhal.sim.traces import trace_citation
 
     if not result.plan.tasks:
         return None
     workload = result.plan.tasks[0].scenario.get("workload", {})
-    if workload.get("kind", "trace") == "trace" or "prompt" not in workload:
-        return f"{workload.get('trace', 'azure2023_conv')}: {TRACE_CITATION}"
-    return None
+    kind = workload.get("kind", "trace")
+    if kind == "trace" or (kind in ("poisson", "gamma") and "prompt" not in workload):
+        name = workload.get("trace", "azure2023_conv")
+        return f"{name}: {trace_citation(name)}"
+    return None  # the lengths and content are synthetic
 
 
 def add_footer(
