@@ -124,6 +124,14 @@ def check_diffuse(spec: SweepSpec, options: DiffuseOptions) -> list[str]:
     return problems
 
 
+def _shipped_routing(key: str) -> Any:
+    """The core's default for a dotted ``routing.x[.y]`` key (None for no such key)."""
+    node: Any = RoutingSettings().model_dump()
+    for part in key.split(".")[1:]:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def check_routing(spec: SweepSpec, options: RoutingOptions) -> list[str]:
     problems = []
     if len(spec.cases) < 2:
@@ -132,15 +140,15 @@ def check_routing(spec: SweepSpec, options: RoutingOptions) -> list[str]:
     if options.default not in labels:
         problems.append(f"figure.default: {options.default!r} is not a case label")
     else:
-        shipped = RoutingSettings().model_dump()
         case = spec.cases[labels.index(options.default)]
         for key, value in case.set.items():
-            name = key.removeprefix("routing.")
-            if key.startswith("routing.") and shipped.get(name, value) != value:
-                problems.append(
-                    f"figure.default: case {options.default!r} sets {key} = {value!r}, "
-                    f"not the shipped default {shipped[name]!r}"
-                )
+            if key.startswith("routing."):
+                shipped = _shipped_routing(key)
+                if shipped != value:
+                    problems.append(
+                        f"figure.default: case {options.default!r} sets {key} = {value!r}, "
+                        f"not the shipped default {shipped!r}"
+                    )
     varied = [k for k, v in spec.grid.items() if len(v) > 1]
     if varied:
         problems.append(

@@ -72,6 +72,13 @@ def test_the_shipped_specs_are_routing_recipes_with_the_core_default() -> None:
             "figure.default: case 'least_reserved' sets routing.prefill = 'random', not the "
             "shipped default 'least_reserved'",
         ),
+        (
+            {"cases": [{"label": "least_reserved",
+                        "set": {"routing.prefix_affinity.imbalance_threshold": 3}},
+                       {"label": "rr"}]},
+            "figure.default: case 'least_reserved' sets "
+            "routing.prefix_affinity.imbalance_threshold = 3, not the shipped default 8",
+        ),
         ({"grid": {"fleet.prefill": [2, 4]}}, "grid: the routing recipe draws one line per case"),
         ({"goodput": None}, "goodput: the routing recipe needs a [goodput] rate axis"),
     ],
