@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from narwhal.experiments.sweep import SweepResult
 
 MARKERS = "osD^vP*X"
+TTFT_TICKS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 CURVE_METRICS = (
     "offered_rps",
     "first_byte_p50_s",
@@ -117,7 +118,6 @@ def _workload_title(result: SweepResult) -> str:
 
 def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
     plt = pyplot()
-    from matplotlib.lines import Line2D
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     spec = result.spec
@@ -162,7 +162,11 @@ def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
         ax.set_title(title, fontsize=9.5)
         ax.set_xlabel("offered load (req/s)", fontsize=8.5)
         ax.grid(True, alpha=0.3)
+    ttft = [r[k] for r in rows for k in ("first_byte_p50_s", "first_byte_p90_s") if r[k]]
     axes[0][0].set_yscale("log")
+    if ttft:
+        low, high = min(ttft), max(ttft)
+        axes[0][0].set_yticks([t for t in TTFT_TICKS_S if low / 2 <= t <= high * 2])
     axes[0][0].yaxis.set_major_formatter(ScalarFormatter())
     axes[0][0].yaxis.set_minor_formatter(NullFormatter())
     bar = spec.goodput.attainment_pct if spec.goodput is not None else 90.0
@@ -185,15 +189,15 @@ def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
             text = f">={value:.1f}"  # no rate tried missed the bar
         elif lowest["goodput_bound"] == "below":
             text = f"<{lowest['offered_rps'] or 0.0:.1f}"  # even the lowest rate missed it
-        bars.text(value, y, " " + text, va="center", fontsize=8)
+        bars.annotate(
+            text, (value, y), xytext=(9, 0), textcoords="offset points", va="center", fontsize=8
+        )
         if policy == chosen:
             bars.plot([value], [y], "o", ms=13, mfc="none", mec="#e41a1c", mew=2)
     bars.set_xlabel("goodput (req/s with >= 90% on time)", fontsize=8.5)
     bars.set_title("goodput (DistServe) per policy; red ring: recommended", fontsize=9.5)
     bars.grid(True, axis="x", alpha=0.3)
-    bars.set_xlim(0, max([*values, 1e-9]) * 1.25)
-    ring = Line2D([], [], ls="none", marker="o", ms=13, mfc="none", mec="#e41a1c", mew=2)
-    bars.legend([ring], [f"recommended: {chosen}"], fontsize=8, loc="lower right")
+    bars.set_xlim(0, max([*values, 1e-9]) * 1.3)
 
     first = result.plan.tasks[0].scenario if result.plan.tasks else {}
     sim = first.get("sim", {})
