@@ -77,7 +77,7 @@ def test_the_shipped_specs_are_routing_recipes_with_the_core_default() -> None:
                         "set": {"routing.prefix_affinity.imbalance_threshold": 3}},
                        {"label": "rr"}]},
             "figure.default: case 'least_reserved' sets "
-            "routing.prefix_affinity.imbalance_threshold = 3, not the shipped default 8",
+            "routing.prefix_affinity.imbalance_threshold = 3, not the shipped default 2",
         ),
         ({"grid": {"fleet.prefill": [2, 4]}}, "grid: the routing recipe draws one line per case"),
         ({"goodput": None}, "goodput: the routing recipe needs a [goodput] rate axis"),
