@@ -81,10 +81,11 @@ def trace_note(result: SweepResult) -> str | None:
         return None
     workload = result.plan.tasks[0].scenario.get("workload", {})
     kind = workload.get("kind", "trace")
+    # a trace's arrivals, or (poisson/gamma without length distributions) its lengths
     if kind == "trace" or (kind in ("poisson", "gamma") and "prompt" not in workload):
         name = workload.get("trace", "azure2023_conv")
         return f"{name}: {trace_citation(name)}"
-    return None  # the lengths and content are synthetic
+    return None
 
 
 def add_footer(
