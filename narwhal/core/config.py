@@ -282,8 +282,10 @@ class PrefixAffinitySettings(_Strict):
     block_size: Annotated[Count, Field(ge=1, le=65_536)] = 16
     max_blocks_per_engine: Annotated[Count, Field(ge=1, le=10_000_000)] = 32_768
     # the longest match is overridden (least_reserved instead) when the engine it picks holds
-    # more than this many reservations of the phase above the least reserved candidate
-    imbalance_threshold: Annotated[Count, Field(ge=0)] = 8
+    # more than this many reservations of the phase above the least reserved candidate; 2 from
+    # the routing recipe (docs/experiments.md, Routing): 8 let long prompts queue behind each
+    # other on one producer, 0 gave up most of the cache hits
+    imbalance_threshold: Annotated[Count, Field(ge=0)] = 2
 
 
 NoProducer = Literal["fail", "local"]

@@ -10,8 +10,9 @@ Derived keys are sweep conveniences translated into scenario keys, in this order
 - ``fleet.size`` and ``fleet.pd_ratio`` (``"P:D"``): prefill and decode counts with that total
   and ratio; ``prefill = size x P / (P + D)`` rounded half up, kept within ``1 .. size - 1``,
   ``decode = size - prefill``. Either alone keeps the other from the base fleet.
-- ``workload.rate_multiplier``: multiplies the trace's ``rate_scale`` (a trace workload) or the
-  synthetic ``rate`` (poisson, gamma).
+- ``workload.rate_multiplier``: multiplies the trace's ``rate_scale`` (a trace workload), the
+  synthetic ``rate`` (poisson, gamma) or every stage's ``rate`` of a ``shared_context`` ramp
+  (the simulator's default ramp when the scenario gives none).
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import copy
 import math
 from typing import Any
 
+from narwhal.sim.shared_context import LLMD_STAGES
+
 SCENARIO_KEYS = (
     "name",
     "description",
     "engine",
     "recovery",
+    "routing",
     "admission",
     "engine_contract",
     "engines",
@@ -156,9 +160,29 @@ def _resolve_fleet(data: dict[str, Any]) -> None:
     fleet["prefill"], fleet["decode"] = new_prefill, size - new_prefill
 
 
+def _scale_stages(workload: dict[str, Any], multiplier: float) -> None:
+    """Every stage of a shared-context ramp at ``multiplier`` times its rate."""
+    settings = workload.setdefault("shared_context", {})
+    if not isinstance(settings, dict):
+        raise ValueError(f"workload.shared_context: must be a table, got {settings!r}")
+    stages = settings.get("stages")
+    if stages is None:
+        stages = [{"rate": rate, "duration_s": duration} for rate, duration in LLMD_STAGES]
+    if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
+        raise ValueError(
+            f"workload.shared_context.stages: must be a list of tables, got {stages!r}"
+        )
+    scaled = []
+    for i, stage in enumerate(stages):
+        rate = _number(stage.get("rate"), f"workload.shared_context.stages.{i}.rate")
+        scaled.append({**stage, "rate": rate * multiplier})
+    settings["stages"] = scaled
+
+
 def scale_rate(data: dict[str, Any], multiplier: float) -> None:
-    """Multiply the workload's arrival rate: trace ``rate_scale``, synthetic ``rate``, or the
-    ``fixed`` arrival times divided (as :func:`narwhal.sim.results.goodput_sweep` does)."""
+    """Multiply the workload's arrival rate: trace ``rate_scale``, synthetic ``rate``, every
+    ``shared_context`` stage's ``rate``, or the ``fixed`` arrival times divided (as
+    :func:`narwhal.sim.results.goodput_sweep` does)."""
     workload = data.setdefault("workload", {})
     if not isinstance(workload, dict):
         raise ValueError(f"workload: must be a table, got {workload!r}")
@@ -170,6 +194,9 @@ def scale_rate(data: dict[str, Any], multiplier: float) -> None:
         ):
             workload["arrivals_s"] = [t / multiplier for t in times]
         return  # anything else is refused when the scenario is parsed
+    if kind == "shared_context":
+        _scale_stages(workload, multiplier)
+        return
     key = "rate_scale" if kind == "trace" else "rate"
     base = _number(workload.get(key, _WORKLOAD_DEFAULTS[key]), f"workload.{key}")
     workload[key] = base * multiplier

@@ -20,7 +20,10 @@ requires:
 - ``diffuse``: at least two ``[[cases]]`` (where the faults are, from one bad engine to every
   engine a little flaky, in the order drawn), exactly two varied grid axes, ``figure.lines``
   and ``figure.panels``, and no ``[goodput]`` (its goodput is the on-time rate at the one
-  offered rate: DistServe's cannot rank settings once faults keep every rate under its bar).
+  offered rate: DistServe's cannot rank settings once faults keep every rate under its bar);
+- ``routing``: at least two ``[[cases]]`` (one routing policy setting each, drawn as one line
+  each), one of them labelled ``figure.default`` and leaving ``[routing]`` at the core's
+  defaults, a ``[goodput]`` rate axis, and no varied grid axis.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from narwhal.core.config import RoutingSettings
 
 if TYPE_CHECKING:
     from narwhal.experiments.spec import SweepSpec
@@ -61,6 +66,12 @@ class DiffuseOptions(Options):
     lines: str = "recovery.max_ejection_percent"  # one line per value
     panels: str = "recovery.failure_quarantine_s"  # one column of panels per value
     success_tolerance_pp: float = Field(0.5, ge=0)
+
+
+class RoutingOptions(Options):
+    default: str = "least_reserved"  # the label of the case that runs the shipped defaults
+    goodput_tolerance_pct: float = Field(5.0, ge=0, le=100)  # a challenger must beat it by more
+    loss_tolerance_pp: float = Field(1.0, ge=0)  # ... and lose no more than this anywhere
 
 
 def _missing_axes(spec: SweepSpec, options: Options, axes: tuple[str, ...]) -> list[str]:
@@ -113,6 +124,41 @@ def check_diffuse(spec: SweepSpec, options: DiffuseOptions) -> list[str]:
     return problems
 
 
+def _shipped_routing(key: str) -> Any:
+    """The core's default for a dotted ``routing.x[.y]`` key (None for no such key)."""
+    node: Any = RoutingSettings().model_dump()
+    for part in key.split(".")[1:]:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def check_routing(spec: SweepSpec, options: RoutingOptions) -> list[str]:
+    problems = []
+    if len(spec.cases) < 2:
+        problems.append("cases: the routing recipe compares at least two policies as cases")
+    labels = [case.label for case in spec.cases]
+    if options.default not in labels:
+        problems.append(f"figure.default: {options.default!r} is not a case label")
+    else:
+        case = spec.cases[labels.index(options.default)]
+        for key, value in case.set.items():
+            if key.startswith("routing."):
+                shipped = _shipped_routing(key)
+                if shipped != value:
+                    problems.append(
+                        f"figure.default: case {options.default!r} sets {key} = {value!r}, "
+                        f"not the shipped default {shipped!r}"
+                    )
+    varied = [k for k, v in spec.grid.items() if len(v) > 1]
+    if varied:
+        problems.append(
+            f"grid: the routing recipe draws one line per case; varied: {', '.join(varied)}"
+        )
+    if spec.goodput is None:
+        problems.append("goodput: the routing recipe needs a [goodput] rate axis")
+    return problems
+
+
 @dataclass(frozen=True)
 class RecipeRules:
     """What one recipe asks of a spec."""
@@ -130,6 +176,7 @@ RECIPES = {
         RecipeRules("retries", RetriesOptions, True, check_retries),
         RecipeRules("capacity", CapacityOptions, False, check_capacity),
         RecipeRules("diffuse", DiffuseOptions, False, check_diffuse),
+        RecipeRules("routing", RoutingOptions, False, check_routing),
     )
 }
 

@@ -24,8 +24,10 @@ METRIC_FIELDS = (
     "requests",
     "succeeded",
     "success_pct",
+    "rejected_pct",
     "offered_rps",
     "first_byte_p50_s",
+    "first_byte_p90_s",
     "first_byte_p99_s",
     "ttft_p99_s",
     "tpot_p50_s",
@@ -35,10 +37,12 @@ METRIC_FIELDS = (
     "retried_requests",
     "ejections",
     "preemptions",
+    "prefix_cache_hit_rate",
     "fault_windows",
     "sim_time_s",
 )
 ERROR_PREFIX = "errors."
+REJECTED_STATUS = 503  # the router refused the request (admission bound, no eligible engine)
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class RunOutcome:
 
 def run_task(task: RunTask) -> RunOutcome:
     """Simulate one task (the entry point every backend calls)."""
-    from narwhal.sim.results import record_rows, summarize
+    from narwhal.sim.results import percentile, record_rows, summarize
     from narwhal.sim.runner import run
     from narwhal.sim.scenario import parse_scenario
 
@@ -61,12 +65,19 @@ def run_task(task: RunTask) -> RunOutcome:
     result = run(scenario, task.seed)
     rows = record_rows(result)
     summary = summarize(result, rows)
+    first_bytes_ok = [
+        r["first_byte_s"] for r in rows if r["status"] == 200 and r["first_byte_s"] is not None
+    ]
+    p90 = percentile(first_bytes_ok, 90)
+    rejected = sum(1 for r in rows if r["status"] == REJECTED_STATUS)
     metrics: dict[str, Any] = {
         "requests": summary["requests"],
         "succeeded": summary["succeeded"],
         "success_pct": summary["success_pct"],
+        "rejected_pct": round(100.0 * rejected / len(rows), 3) if rows else 0.0,
         "offered_rps": summary["offered_rps"],
         "first_byte_p50_s": summary["first_byte_s"]["p50"],
+        "first_byte_p90_s": None if p90 is None else round(p90, 6),
         "first_byte_p99_s": summary["first_byte_s"]["p99"],
         "ttft_p99_s": summary["ttft_s"]["p99"],
         "tpot_p50_s": summary["tpot_s"]["p50"],
@@ -76,6 +87,7 @@ def run_task(task: RunTask) -> RunOutcome:
         "retried_requests": summary["retried_requests"],
         "ejections": summary["ejections"],
         "preemptions": summary["preemptions"],
+        "prefix_cache_hit_rate": summary["prefix_cache_hit_rate"],
         "fault_windows": summary["fault_windows"],
         "sim_time_s": summary["sim_time_s"],
     }
@@ -83,11 +95,5 @@ def run_task(task: RunTask) -> RunOutcome:
         metrics[f"{ERROR_PREFIX}{kind}"] = count
     first_bytes = None
     if task.samples:
-        first_bytes = tuple(
-            sorted(
-                r["first_byte_s"]
-                for r in rows
-                if r["status"] == 200 and r["first_byte_s"] is not None
-            )
-        )
+        first_bytes = tuple(sorted(first_bytes_ok))
     return RunOutcome(task.index, metrics, first_bytes, result.wall_s)

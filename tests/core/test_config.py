@@ -194,7 +194,7 @@ def test_routing_defaults() -> None:
     assert (loaded.max_report_age_s, loaded.waiting_weight) == (2.0, 1.0)
     assert (loaded.running_weight, loaded.kv_cache_weight) == (1.0, 1.0)
     assert (affinity.block_size, affinity.max_blocks_per_engine) == (16, 32_768)
-    assert affinity.imbalance_threshold == 8
+    assert affinity.imbalance_threshold == 2
 
 
 @pytest.mark.parametrize(

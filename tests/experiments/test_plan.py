@@ -11,6 +11,7 @@ from narwhal.experiments.aggregate import goodput
 from narwhal.experiments.overrides import apply, resolve
 from narwhal.experiments.plan import build_plan, derive_seed
 from narwhal.experiments.spec import SpecError, parse_spec
+from narwhal.sim.shared_context import LLMD_STAGES
 
 
 def test_seed_is_a_pinned_function_of_seed_point_and_replicate() -> None:
@@ -90,6 +91,30 @@ def test_rate_multiplier_compresses_fixed_arrivals() -> None:
     fixed = {"workload": {"kind": "fixed", "arrivals_s": [0.0, 1.0, 3.0]}}
     out = resolve(apply(fixed, {"workload.rate_multiplier": 2.0}))
     assert out["workload"]["arrivals_s"] == [0.0, 0.5, 1.5]  # it used to set an unused rate
+
+
+def test_rate_multiplier_scales_every_shared_context_stage() -> None:
+    given = {"workload": {"kind": "shared_context", "shared_context": {"groups": 3, "stages": [
+        {"rate": 10.0, "duration_s": 5.0}, {"rate": 2.0, "duration_s": 1.0}]}}}  # fmt: skip
+    out = resolve(apply(given, {"workload.rate_multiplier": 3.0}))
+    assert out["workload"]["shared_context"] == {"groups": 3, "stages": [
+        {"rate": 30.0, "duration_s": 5.0}, {"rate": 6.0, "duration_s": 1.0}]}  # fmt: skip
+    ramp = resolve(apply({"workload": {"kind": "shared_context"}}, {"workload.rate_multiplier": 2}))
+    stages = ramp["workload"]["shared_context"]["stages"]
+    assert [(s["rate"], s["duration_s"]) for s in stages] == [
+        (rate * 2, duration) for rate, duration in LLMD_STAGES
+    ]  # the simulator's default ramp, scaled
+    with pytest.raises(ValueError, match=r"workload.shared_context.stages.0.rate: must be a"):
+        resolve(apply(given, {"workload.shared_context.stages.0.rate": "fast",
+                              "workload.rate_multiplier": 2.0}))  # fmt: skip
+
+
+def test_routing_is_a_scenario_section_overrides_may_set() -> None:
+    spec = parse_spec({"cases": [{"label": "rr", "set": {"routing.prefill": "round_robin"}}]})
+    plan = build_plan(spec)
+    assert plan.tasks[0].scenario["routing"] == {"prefill": "round_robin"}
+    with pytest.raises(SpecError, match=r"point 0 \(case=x\):\n  routing.prefill: Input should"):
+        build_plan(parse_spec({"cases": [{"label": "x", "set": {"routing.prefill": "best"}}]}))
 
 
 @pytest.mark.parametrize(

@@ -166,9 +166,11 @@ def test_cli_refuses_a_bad_spec_with_exit_2(
     assert "invalid TOML" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["tuning", "retries", "capacity", "diffuse"])
+@pytest.mark.parametrize(
+    "name", ["tuning", "retries", "capacity", "diffuse", "routing", "routing-shared"]
+)
 def test_shipped_recipes_are_valid_full_and_quick(name: str) -> None:
     spec = load_spec(EXPERIMENTS / f"{name}.toml")
-    assert spec.sweep.recipe == name
+    assert spec.sweep.recipe == name.split("-")[0]
     full, quick = build_plan(spec), build_plan(spec.quick_version())
     assert 0 < len(quick.tasks) <= 8 < len(full.tasks)

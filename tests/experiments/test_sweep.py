@@ -23,6 +23,8 @@ RECIPE_FILES = {
     "retries": ["retries_cdf", "retries_errors"],
     "capacity": ["capacity"],
     "diffuse": ["diffuse"],
+    "routing": ["routing"],
+    "routing-shared": ["routing"],
 }
 FIGURE_COLUMNS = {
     "tuning": {"recovery.eject_after", "recovery.failure_quarantine_s", "success_pct",
@@ -33,6 +35,10 @@ FIGURE_COLUMNS = {
                  "slo_attainment_pct", "goodput_rps", "goodput_per_engine"},
     "diffuse": {"case", "recovery.max_ejection_percent", "recovery.failure_quarantine_s",
                 "success_pct", "goodput_rps", "no_engine_503s", "recommended", "default"},
+    "routing": {"policy", "rate_multiplier", "offered_rps", "first_byte_p50_s",
+                "first_byte_p90_s", "tpot_p50_s", "slo_attainment_pct", "rejected_pct",
+                "prefix_cache_hit_rate", "goodput_rps", "goodput_bound", "default",
+                "recommended"},
 }  # fmt: skip
 
 
@@ -93,6 +99,15 @@ def test_quick_recipe_writes_csv_and_png(name: str, quick_sweeps: Callable[[str]
         default = [r for r in rows if r["default"] == "True"]
         assert len(default) == len(spec.cases)
         assert {r["recovery.max_ejection_percent"] for r in default} == {"50"}
+    if name.startswith("routing"):  # one policy recommended, one the default: a row per rate
+        rows = _read(out / "routing.csv")
+        rates = len(spec.goodput.rate_multipliers) if spec.goodput else 0
+        assert len(rows) == len(spec.cases) * rates
+        assert sum(r["recommended"] == "True" for r in rows) == rates
+        assert {r["policy"] for r in rows if r["default"] == "True"} == {"least_reserved"}
+        assert all(0.0 <= float(r["prefix_cache_hit_rate"]) <= 1.0 for r in rows)
+        hits = {r["policy"]: float(r["prefix_cache_hit_rate"]) for r in rows}
+        assert hits["prefix_affinity"] > 0.0  # the workload shares prefixes and caching is on
 
 
 def _files(result: SweepResult, out: Path) -> dict[str, bytes]:

@@ -15,6 +15,8 @@ this package only draws.
 - ``diffuse``: success and goodput against where the faults are (one bad engine ... every
   engine a little flaky), a line per value of one recovery setting and a column of panels per
   value of another, the recommended setting and the shipped defaults marked.
+- ``routing``: routing policies across offered load (client TTFT p50/p90, TPOT, attainment,
+  rejections, prefix-cache hit rate, goodput), the recommended policy and the default marked.
 
 Each recipe module exposes ``draw(result, options, out) -> list[Path]``; it is imported only
 when its figures are drawn (matplotlib is not loaded otherwise).
@@ -36,6 +38,7 @@ DRAWINGS = {
     "retries": "narwhal.experiments.figures.retries",
     "capacity": "narwhal.experiments.figures.capacity",
     "diffuse": "narwhal.experiments.figures.diffuse",
+    "routing": "narwhal.experiments.figures.routing",
 }
 
 

@@ -1,0 +1,220 @@
+"""The ``routing`` recipe: routing policies compared across offered load, one line per policy.
+
+Rule kept here: the shipped default policy stays recommended unless a challenger wins clearly
+and loses nowhere. A challenger qualifies when, at *every* offered rate, its SLO attainment is
+no more than ``loss_tolerance_pp`` below the default's and its rejection rate (503s) no more
+than ``loss_tolerance_pp`` above it; of the qualifiers, the one with the highest goodput is
+recommended if that goodput is more than ``goodput_tolerance_pct`` above the default's
+(strictly), ties going to the earlier case. Goodput and attainment are DistServe's (Zhong et
+al., OSDI 2024: on time = succeeded with ``first_byte_s <= slo_ttft_s`` and TPOT ``<=
+slo_tpot_s``; goodput = the highest rate with >= 90% on time), from
+:func:`narwhal.experiments.aggregate.point_rows`.
+
+Theory of operation: each ``[[cases]]`` entry is one policy setting (``routing.prefill`` and
+``routing.decode``) and one point; ``[goodput]`` runs every point at each rate multiplier. Per
+(case, rate) the runs' metrics are averaged over replicates and drawn against the mean offered
+rate: the client's time to first token (``first_byte_s``, p50 dashed and p90 solid), TPOT p50,
+SLO attainment with the 90% bar, the rejection rate, and the prefix-cache hit rate; the last
+panel is each policy's goodput, the default labelled and the recommended one ringed in red.
+``routing.csv`` has one row per (case, rate multiplier) with the plotted means, the point's
+goodput and whether the case is the default or recommended.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from narwhal.experiments.figures.base import add_footer, pyplot, save_figure
+from narwhal.experiments.recipes import RoutingOptions
+
+if TYPE_CHECKING:
+    from narwhal.experiments.sweep import SweepResult
+
+MARKERS = "osD^vP*X"
+TTFT_TICKS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+CURVE_METRICS = (
+    "offered_rps",
+    "first_byte_p50_s",
+    "first_byte_p90_s",
+    "tpot_p50_s",
+    "slo_attainment_pct",
+    "success_pct",
+    "rejected_pct",
+    "prefix_cache_hit_rate",
+)
+
+
+def recommend(
+    policies: list[str],
+    default: str,
+    goodput: dict[str, float],
+    attainment: dict[str, list[float]],
+    rejected: dict[str, list[float]],
+    goodput_tolerance_pct: float,
+    loss_tolerance_pp: float,
+) -> str:
+    """The recommended policy (the module's rule); ``attainment`` and ``rejected`` list one mean
+    per offered rate, in the same rate order for every policy."""
+
+    def loses_nowhere(policy: str) -> bool:
+        pairs = zip(attainment[policy], attainment[default], strict=True)
+        if any(mine < theirs - loss_tolerance_pp for mine, theirs in pairs):
+            return False
+        pairs = zip(rejected[policy], rejected[default], strict=True)
+        return all(mine <= theirs + loss_tolerance_pp for mine, theirs in pairs)
+
+    bar = goodput[default] * (100.0 + goodput_tolerance_pct)
+    challengers = [
+        p for p in policies if p != default and loses_nowhere(p) and goodput[p] * 100.0 > bar
+    ]
+    if not challengers:
+        return default
+    return max(challengers, key=lambda p: (goodput[p], -policies.index(p)))
+
+
+def _mean(values: list[Any]) -> float | None:
+    numbers = [float(v) for v in values if v is not None]
+    return sum(numbers) / len(numbers) if numbers else None
+
+
+def curve_rows(result: SweepResult) -> list[dict[str, Any]]:
+    """One row per (case, rate multiplier): the runs' means over replicates, the point's
+    goodput."""
+    points = {p["point"]: p for p in result.points}
+    by_rate: dict[int, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for run in result.runs:
+        by_rate[run["point"]][run["rate_multiplier"]].append(run)
+    rows = []
+    for point in result.plan.points:
+        summary = points[point.index]
+        for multiplier, runs in sorted(by_rate[point.index].items()):
+            row: dict[str, Any] = {"policy": point.params["case"], "rate_multiplier": multiplier}
+            for key in CURVE_METRICS:
+                row[key] = _mean([r[key] for r in runs])
+            row["goodput_rps"] = summary["goodput_rps"]
+            row["goodput_bound"] = summary["goodput_bound"]
+            rows.append(row)
+    return rows
+
+
+def _case_note(result: SweepResult) -> str:
+    parts = []
+    for case in result.spec.cases:
+        told = ", ".join(f"{k.removeprefix('routing.')}={v}" for k, v in case.set.items())
+        parts.append(f"{case.label}: {told or 'the shipped defaults'}")
+    return "Cases: " + "; ".join(parts) + "."
+
+
+def _workload_title(result: SweepResult) -> str:
+    first = result.plan.tasks[0].scenario if result.plan.tasks else {}
+    workload, fleet = first.get("workload", {}), first.get("fleet", {})
+    kind = workload.get("kind", "trace")
+    what = "shared-context groups" if kind == "shared_context" else workload.get("trace", kind)
+    engines = f"{fleet.get('prefill', 0)}P+{fleet.get('decode', 0)}D"
+    return f"{what}, {engines} {fleet.get('model', 'llama3-8b')}"
+
+
+def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
+    plt = pyplot()
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    spec = result.spec
+    policies = [case.label for case in spec.cases]
+    rows = curve_rows(result)
+    mine = {p: [r for r in rows if r["policy"] == p] for p in policies}
+    goodput = {p: float(mine[p][0]["goodput_rps"] or 0.0) for p in policies}
+    attainment = {p: [r["slo_attainment_pct"] or 0.0 for r in mine[p]] for p in policies}
+    rejected = {p: [r["rejected_pct"] or 0.0 for r in mine[p]] for p in policies}
+    chosen = recommend(
+        policies,
+        options.default,
+        goodput,
+        attainment,
+        rejected,
+        options.goodput_tolerance_pct,
+        options.loss_tolerance_pp,
+    )
+    for row in rows:
+        row["default"] = row["policy"] == options.default
+        row["recommended"] = row["policy"] == chosen
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.8))
+    panels = (
+        (axes[0][0], "first_byte_p90_s", "client TTFT (first_byte_s, s): p90 solid, p50 dashed"),
+        (axes[0][1], "tpot_p50_s", "TPOT p50 (s)"),
+        (axes[0][2], "slo_attainment_pct", "SLO attainment (% of requests on time)"),
+        (axes[1][0], "rejected_pct", "rejected (% of requests answered 503)"),
+        (axes[1][1], "prefix_cache_hit_rate", "prefix-cache hit rate (prompt tokens)"),
+    )
+    for index, policy in enumerate(policies):
+        colour, marker = f"C{index}", MARKERS[index % len(MARKERS)]
+        width = 2.6 if policy == options.default else 1.4
+        label = policy + (" (default)" if policy == options.default else "")
+        xs = [r["offered_rps"] or 0.0 for r in mine[policy]]
+        for ax, metric, _ in panels:
+            ys = [r[metric] for r in mine[policy]]
+            ax.plot(xs, ys, marker=marker, ms=4, lw=width, color=colour, label=label)
+        p50 = [r["first_byte_p50_s"] for r in mine[policy]]
+        axes[0][0].plot(xs, p50, ls="--", marker=marker, ms=3, lw=1.0, color=colour)
+    for ax, _, title in panels:
+        ax.set_title(title, fontsize=9.5)
+        ax.set_xlabel("offered load (req/s)", fontsize=8.5)
+        ax.grid(True, alpha=0.3)
+    ttft = [r[k] for r in rows for k in ("first_byte_p50_s", "first_byte_p90_s") if r[k]]
+    axes[0][0].set_yscale("log")
+    if ttft:
+        low, high = min(ttft), max(ttft)
+        axes[0][0].set_yticks([t for t in TTFT_TICKS_S if low / 2 <= t <= high * 2])
+    axes[0][0].yaxis.set_major_formatter(ScalarFormatter())
+    axes[0][0].yaxis.set_minor_formatter(NullFormatter())
+    bar = spec.goodput.attainment_pct if spec.goodput is not None else 90.0
+    axes[0][2].axhline(bar, color="#555555", ls="--", lw=1)
+    axes[0][2].set_ylim(0, 101)
+    axes[1][0].set_ylim(0, max([1.0, *(r["rejected_pct"] or 0.0 for r in rows)]) * 1.1)
+    axes[1][1].set_ylim(0, 1)
+    axes[0][2].legend(fontsize=8, loc="lower left")
+
+    bars = axes[1][2]
+    ys = list(range(len(policies)))[::-1]
+    values = [goodput[p] for p in policies]
+    bars.barh(ys, values, color=[f"C{i}" for i in range(len(policies))], alpha=0.85)
+    names = [p + (" (default)" if p == options.default else "") for p in policies]
+    bars.set_yticks(ys, names, fontsize=8.5)
+    for y, policy, value in zip(ys, policies, values, strict=True):
+        lowest = mine[policy][0]  # the lowest rate tried
+        text = f"{value:.1f}"
+        if lowest["goodput_bound"] == "above":
+            text = f">={value:.1f}"  # no rate tried missed the bar
+        elif lowest["goodput_bound"] == "below":
+            text = f"<{lowest['offered_rps'] or 0.0:.1f}"  # even the lowest rate missed it
+        bars.annotate(
+            text, (value, y), xytext=(9, 0), textcoords="offset points", va="center", fontsize=8
+        )
+        if policy == chosen:
+            bars.plot([value], [y], "o", ms=13, mfc="none", mec="#e41a1c", mew=2)
+    bars.set_xlabel("goodput (req/s with >= 90% on time)", fontsize=8.5)
+    bars.set_title("goodput (DistServe) per policy; red ring: recommended", fontsize=9.5)
+    bars.grid(True, axis="x", alpha=0.3)
+    bars.set_xlim(0, max([*values, 1e-9]) * 1.3)
+
+    first = result.plan.tasks[0].scenario if result.plan.tasks else {}
+    sim = first.get("sim", {})
+    fig.suptitle(
+        f"{spec.sweep.name}: routing policies across offered load ({_workload_title(result)}), "
+        f"SLO TTFT {sim.get('slo_ttft_s', 2.0):g} s / TPOT {sim.get('slo_tpot_s', 0.1):g} s\n"
+        f"Recommended: {chosen}; shipped default: {options.default}",
+        fontsize=10.5,
+    )
+    rule = (
+        f"Rule: the default stays unless a policy's goodput beats it by more than "
+        f"{options.goodput_tolerance_pct:g}% while its attainment is never more than "
+        f"{options.loss_tolerance_pp:g} pp lower nor its rejection rate more than "
+        f"{options.loss_tolerance_pp:g} pp higher at any offered rate. Lines: means over "
+        "replicates at each rate. " + _case_note(result)
+    )
+    add_footer(fig, result, width=190, lead=(rule,), line_height=0.022, top=0.93)
+    fields = ["policy", "rate_multiplier", *CURVE_METRICS]
+    fields += ["goodput_rps", "goodput_bound", "default", "recommended"]
+    return save_figure(fig, out, "routing", fields, rows)
