@@ -2,7 +2,7 @@
 
 Why: a capacity-planning sweep runs the simulator millions of times per request-second it
 plans, so the hot modules (the core's request path and the simulated engine and its driver)
-are compiled to C from the same typed sources: about 2.5 times fewer instructions per simulated
+are compiled to C from the same typed sources: about 2.4 times fewer instructions per simulated
 request (``benchmarks/sim_instructions.py``), 2.5-3 times the requests per second (see
 docs/simulator.md, Speed). Nothing changes in what they do: CI runs the default test suite
 against the compiled build and checks that ``narwhal simulate`` writes byte-identical results
