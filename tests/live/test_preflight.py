@@ -13,9 +13,10 @@ from typing import Any
 import anyio
 import pytest
 
+from narwhal.cli import main
 from narwhal.core.config import parse_config
 from narwhal.live.preflight import Check, format_table, run_preflight
-from tests.live.conftest import Emulator
+from tests.live.conftest import Emulator, Servers, start_emulator
 
 CONTRACT = {"model": "tiny-llama", "vllm_version": "0.32.0"}
 
@@ -28,14 +29,23 @@ def preflight(engines: list[dict[str, Any]], contract: dict[str, Any] | None = N
     return anyio.run(lambda: run_preflight(config))
 
 
-@pytest.fixture
-def fleet(emulator: Callable[..., Emulator]) -> list[dict[str, Any]]:
-    producer, consumer, both = emulator("prefill"), emulator("decode"), emulator("both")
+@pytest.fixture(scope="module")
+def engines(module_servers: Servers) -> list[dict[str, Any]]:
+    """A producer, a consumer and a ``both`` engine, emulated, for the whole module."""
+    producer, consumer, both = (
+        start_emulator(module_servers, role) for role in ("prefill", "decode", "both")
+    )
     return [
         {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
         {"url": consumer.url, "role": "decode"},
         {"url": both.url, "role": "both", "kv_endpoint": both.side_channel},
     ]
+
+
+@pytest.fixture
+def fleet(engines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`engines` as a config's list, the test's own to change."""
+    return [dict(engine) for engine in engines]
 
 
 def test_good_fleet_passes_every_check(fleet: list[dict[str, Any]]) -> None:
@@ -90,7 +100,9 @@ def test_decode_engine_listed_as_producer_fails(emulator: Callable[..., Emulator
     assert not role.passed and "not_an_object" in role.detail
 
 
-def test_cli_exit_codes(fleet: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_cli_exit_codes(
+    fleet: list[dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     def toml(engines: list[dict[str, Any]], version: str) -> Path:
         lines = [
             "[engine]",
@@ -115,12 +127,13 @@ def test_cli_exit_codes(fleet: list[dict[str, Any]], tmp_path: Path) -> None:
             env={**os.environ},
         )
 
-    good = run(toml(fleet, "0.32.0"))
+    good = run(toml(fleet, "0.32.0"))  # the process's own exit status
     assert good.returncode == 0, good.stdout + good.stderr
     assert "9/9 checks passed" in good.stdout
-    bad = run(toml(fleet, "9.9.9"))
-    assert bad.returncode == 1 and "FAIL" in bad.stdout
+    # the other statuses from the same entry point, in this process (what the process exits with)
+    assert main(["preflight", "--config", str(toml(fleet, "9.9.9"))]) == 1
+    assert "FAIL" in capsys.readouterr().out
     broken = tmp_path / "broken.toml"
     broken.write_text("[engine]\nfirst_token_timeout_s = -1\n")
-    refused = run(broken)
-    assert refused.returncode == 2 and "first_token_timeout_s" in refused.stderr
+    assert main(["preflight", "--config", str(broken)]) == 2
+    assert "first_token_timeout_s" in capsys.readouterr().err
