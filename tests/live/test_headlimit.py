@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from narwhal.live.headlimit import MAX_HEAD_BYTES
-from tests.live.conftest import HTTP, Emulator, RouterHandle
+from tests.live.conftest import HTTP, RouterHandle, Servers, start_emulator, start_router
 
 
-@pytest.fixture
-def handle(router: Callable[..., RouterHandle], emulator: Callable[..., Emulator]) -> RouterHandle:
-    producer, consumer = emulator("prefill"), emulator("decode")
-    return router(
-        [{"url": producer.url, "role": "prefill"}, {"url": consumer.url, "role": "decode"}]
+@pytest.fixture(scope="module")
+def handle(module_servers: Servers) -> RouterHandle:
+    """One router and pair for the module: its tests only send requests and read the answers."""
+    producer = start_emulator(module_servers, "prefill")
+    consumer = start_emulator(module_servers, "decode")
+    return start_router(
+        module_servers,
+        [{"url": producer.url, "role": "prefill"}, {"url": consumer.url, "role": "decode"}],
     )
 
 
