@@ -3,9 +3,10 @@
 On a plain install this checks the list names real modules; with ``NARWHAL_EXPECT_COMPILED=1``
 (set by ``.ci/run`` when it runs the suite against ``.venv-compiled``) it also checks that every
 listed module is the compiled extension, so the suite provably ran the compiled code. And the
-compiled modules join bytes rather than add them: mypyc (below 2.4) leaks the left operand of
-every ``bytes + bytes`` (mypyc/mypyc#1192), which in a hot path grows a long run's memory without
-bound; the functions that build a simulated request's bytes are checked to leave nothing behind.
+compiled modules join bytes rather than add them: mypyc as pinned (mypy below 2) leaks the left
+operand of every ``bytes + bytes`` (mypyc/mypyc#1192), which in a hot path grows a long run's
+memory without bound; the functions that build a simulated request's bytes are checked to leave
+nothing behind.
 """
 
 from __future__ import annotations
