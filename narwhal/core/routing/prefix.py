@@ -150,14 +150,9 @@ class PrefixAffinity(RoutingPolicy):
         self._memo = (request, chain)
         return chain
 
-    def held_blocks(self, candidates: list[str], request: ClientRequest) -> int:
-        """How many leading blocks of ``request``'s prompt the index says the engine
-        :meth:`choose` would pick among ``candidates`` holds (0 when the load guard would
-        override the match). Changes nothing and draws no randomness: every engine tied for
-        the longest match holds as many blocks, and the guard looks only at reservations."""
-        chain = self.chain(request)
-        if not chain or not candidates:
-            return 0
+    def _longest_match(self, candidates: list[str], chain: list[bytes]) -> tuple[int, list[str]]:
+        """The longest prefix of ``chain`` any candidate's index holds, and the candidates
+        holding that much (none when nobody holds a block)."""
         longest = 0
         tied: list[str] = []
         for url in candidates:
@@ -166,6 +161,17 @@ class PrefixAffinity(RoutingPolicy):
                 longest, tied = matched, [url]
             elif matched == longest and matched:
                 tied.append(url)
+        return longest, tied
+
+    def held_blocks(self, candidates: list[str], request: ClientRequest) -> int:
+        """How many leading blocks of ``request``'s prompt the index says the engine
+        :meth:`choose` would pick among ``candidates`` holds (0 when the load guard would
+        override the match). Changes nothing and draws no randomness: every engine tied for
+        the longest match holds as many blocks, and the guard looks only at reservations."""
+        chain = self.chain(request)
+        if not chain or not candidates:
+            return 0
+        longest, tied = self._longest_match(candidates, chain)
         if not tied:
             return 0
         counts, phase = self._counts, self.phase
@@ -181,15 +187,7 @@ class PrefixAffinity(RoutingPolicy):
 
     def _by_match(self, candidates: list[str], chain: list[bytes]) -> str:
         counts, phase, rng = self._counts, self.phase, self._rng
-        longest = 0
-        tied: list[str] = []
-        if chain:
-            for url in candidates:
-                matched = self.indexes[url].match(chain)
-                if matched > longest:
-                    longest, tied = matched, [url]
-                elif matched == longest and matched:
-                    tied.append(url)
+        tied = self._longest_match(candidates, chain)[1] if chain else []
         if not tied:
             self.misses += 1
             return least_reserved(candidates, counts, phase, rng)
