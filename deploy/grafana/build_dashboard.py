@@ -33,9 +33,12 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
          f"(rate(narwhal_time_per_output_token_seconds_bucket{RATE})))", f"p{int(q * 100)}")
         for q in (0.5, 0.99)
     ]),
-    ("Requests and generated tokens by model", "short", [
+    ("Requests, prompt and generated tokens by model", "short", [
         (f"sum by (model) (rate(narwhal_requests_total{RATE}))", "requests/s {{model}}"),
-        (f"sum by (model) (rate(narwhal_generation_tokens_total{RATE}))", "tokens/s {{model}}"),
+        (f"sum by (model) (rate(narwhal_prompt_tokens_total{RATE}))",
+         "prompt tokens/s {{model}}"),
+        (f"sum by (model) (rate(narwhal_generation_tokens_total{RATE}))",
+         "generated tokens/s {{model}}"),
     ]),
     ("Engines by state", "short", [
         ('sum by (role, state) (narwhal_engine_state == 1)', "{{role}} {{state}}"),

@@ -99,6 +99,28 @@ def read_prefill(
     reply: Reply, producer: str, connector: str, pinned_side_channel: str | None
 ) -> dict[str, Any] | Fault:
     """The validated descriptor of a prefill reply, or the fault it shows."""
+    read = read_prefill_reply(reply, producer, connector, pinned_side_channel)
+    return read if isinstance(read, Fault) else read[0]
+
+
+def prompt_tokens_of(payload: dict[str, Any]) -> int | None:
+    """``usage.prompt_tokens`` of an engine's reply or usage chunk, when it is a count (vLLM
+    reports it in every non-streaming reply and in a stream's usage chunk); None otherwise."""
+    usage = payload.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    count = usage.get("prompt_tokens")
+    if type(count) is not int or count < 0:  # bool is an int subclass: not a count
+        return None
+    return count
+
+
+def read_prefill_reply(
+    reply: Reply, producer: str, connector: str, pinned_side_channel: str | None
+) -> tuple[dict[str, Any], int | None] | Fault:
+    """The validated descriptor of a prefill reply and the prompt tokens it reports, or the
+    fault it shows (a reply without a usable count still hands off: the count only feeds
+    metrics)."""
     if reply.status != 200:
         return _http_fault(reply.status, reply.body, producer, "prefill")
     if len(reply.body) > MAX_REPLY_BYTES:
@@ -120,7 +142,7 @@ def read_prefill(
             phase="prefill",
         )
     try:
-        return validate_descriptor(
+        descriptor = validate_descriptor(
             payload.get("kv_transfer_params"), connector, pinned_side_channel
         )
     except DescriptorError as error:
@@ -130,12 +152,13 @@ def read_prefill(
             engine=producer,
             phase="prefill",
         )
+    return descriptor, prompt_tokens_of(payload)
 
 
 class PrefillOutcome:
     """What one prefill leg came to: the validated descriptor, or the fault that ended it."""
 
-    __slots__ = ("descriptor", "fault", "replied_at", "started_at")
+    __slots__ = ("descriptor", "fault", "prompt_tokens", "replied_at", "started_at")
 
     def __init__(
         self,
@@ -143,11 +166,13 @@ class PrefillOutcome:
         replied_at: float | None,
         descriptor: dict[str, Any] | None,
         fault: Fault | None,
+        prompt_tokens: int | None = None,
     ) -> None:
         self.started_at: Final = started_at  # when the leg started: the handoff's age starts
         self.replied_at: Final = replied_at  # when the producer's reply came (None: never)
         self.descriptor: Final = descriptor  # None exactly when ``fault`` is set
         self.fault: Final = fault
+        self.prompt_tokens: Final = prompt_tokens  # the reply's usage.prompt_tokens, if any
 
 
 async def prefill_leg(
@@ -198,10 +223,10 @@ async def prefill_leg(
     if isinstance(result, ConnectFailed):
         return PrefillOutcome(started, None, None, _connect_fault(result, producer, "prefill"))
     replied = clock.now()
-    read = read_prefill(result, producer, connector, pinned_side_channel)
+    read = read_prefill_reply(result, producer, connector, pinned_side_channel)
     if isinstance(read, Fault):
         return PrefillOutcome(started, replied, None, read)
-    return PrefillOutcome(started, replied, read, None)
+    return PrefillOutcome(started, replied, read[0], None, read[1])
 
 
 # ---------------------------------------------------------------- the decode leg

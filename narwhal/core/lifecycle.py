@@ -41,7 +41,7 @@ from typing import Any
 from narwhal.core import wire
 from narwhal.core.assemble import ResponseAssembler
 from narwhal.core.errors import Fault, FaultKind, fault
-from narwhal.core.legs import DecodeLeg, prefill_leg, stale_handoff
+from narwhal.core.legs import DecodeLeg, prefill_leg, prompt_tokens_of, stale_handoff
 from narwhal.core.placement import Reservation
 from narwhal.core.policies import Policies
 from narwhal.core.ports import ClientGone, ClientSink, Ports
@@ -94,6 +94,7 @@ class _Lifecycle:
         self.committed = False
         self.got_token = False
         self.tokens = 0
+        self.prompt_tokens: int | None = None  # as the last engine to report it said
         self.ttft_s: float | None = None
         self.first_byte_s: float | None = None
         self.shortest_attempt_s: float | None = None  # a retry must have at least this left
@@ -256,6 +257,7 @@ class _Lifecycle:
             engines=tuple(self.engines),
             output_tokens=self.tokens,
             error=error,
+            prompt_tokens=self.prompt_tokens,
         )
         self.record = record
         self.policies.on_record(record)
@@ -330,6 +332,8 @@ class _Lifecycle:
         prefill_slot.release()
         if prefilled.replied_at is not None:  # the producer's HTTP leg completed
             self.ttft_s = prefilled.replied_at - self.request.arrival
+            if prefilled.prompt_tokens is not None:
+                self.prompt_tokens = prefilled.prompt_tokens
         if prefilled.fault is not None:
             return prefilled.fault
         descriptor = prefilled.descriptor
@@ -430,6 +434,10 @@ class _Lifecycle:
                     elif not assembler.take(event):
                         return assembler.too_large(consumer)
                 elif kind is EventKind.METADATA:
+                    if event.payload is not None and "usage" in event.payload:
+                        reported = prompt_tokens_of(event.payload)  # the decode's own count
+                        if reported is not None:
+                            self.prompt_tokens = reported
                     if self.committed:
                         out.append(event.wire())
                     elif assembler is None:

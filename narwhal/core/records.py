@@ -72,6 +72,7 @@ class RequestRecord:
         "first_byte_s",
         "outcome",
         "output_tokens",
+        "prompt_tokens",
         "request_id",
         "status",
         "ttft_s",
@@ -92,6 +93,7 @@ class RequestRecord:
         engines: tuple[str, ...],
         output_tokens: int,
         error: str | None = None,
+        prompt_tokens: int | None = None,
     ) -> None:
         self.request_id: Final = request_id
         self.arrival: Final = arrival
@@ -106,6 +108,9 @@ class RequestRecord:
         self.engines: Final = engines  # every engine used, in order (producer, consumer, ...)
         self.output_tokens: Final = output_tokens  # generated-output events (last decode)
         self.error: Final = error
+        # the prompt's tokens as an engine reported them (usage.prompt_tokens; None: no engine
+        # said; the router has no tokenizer)
+        self.prompt_tokens: Final = prompt_tokens
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RequestRecord) and self.as_dict() == other.as_dict()
@@ -127,5 +132,6 @@ class RequestRecord:
             "attempts": self.attempts,
             "engines": list(self.engines),
             "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
             "error": self.error,
         }

@@ -190,6 +190,7 @@ class _ModelSeries:
     __slots__ = (
         "e2e_latency",
         "generation_tokens",
+        "prompt_tokens",
         "time_per_output_token",
         "time_to_first_token",
         "time_to_prefill",
@@ -198,6 +199,7 @@ class _ModelSeries:
     def __init__(self, metrics: RouterMetrics, model: str) -> None:
         self.e2e_latency = metrics.e2e_latency.labels(model)
         self.generation_tokens = metrics.generation_tokens.labels(model)
+        self.prompt_tokens = metrics.prompt_tokens.labels(model)
         self.time_to_prefill = metrics.time_to_prefill.labels(model)
         self.time_to_first_token = metrics.time_to_first_token.labels(model)
         self.time_per_output_token = metrics.time_per_output_token.labels(model)
@@ -249,6 +251,14 @@ class RouterMetrics:
         self.generation_tokens = Counter(
             "narwhal_generation_tokens",
             "generated outputs sent to clients",
+            ["model"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "narwhal_prompt_tokens",
+            "prompt tokens of client requests, as the engines reported them (usage.prompt_tokens "
+            "of the prefill reply or of the decode's usage chunk; a request no engine reported "
+            "for is not counted)",
             ["model"],
             registry=r,
         )
@@ -337,6 +347,8 @@ class RouterMetrics:
             series = self._per_model[model] = _ModelSeries(self, model)
         series.e2e_latency.observe(record.finished_s)
         series.generation_tokens.inc(record.output_tokens)
+        if record.prompt_tokens is not None:
+            series.prompt_tokens.inc(record.prompt_tokens)
         if record.ttft_s is not None:
             series.time_to_prefill.observe(record.ttft_s)
         if record.first_byte_s is not None:

@@ -196,6 +196,7 @@ class RequestReporter:
             "status": record.status,
             "committed": record.committed,
             "output_tokens": record.output_tokens,
+            "prompt_tokens": record.prompt_tokens,
             "error": record.error,
         }
         request_log.info(json.dumps(line))

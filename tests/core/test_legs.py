@@ -3,6 +3,7 @@ after the events before them, and bursts read exactly as the same reads one at a
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -16,7 +17,9 @@ from narwhal.core.legs import (
     DecodeLeg,
     PrefillOutcome,
     prefill_leg,
+    prompt_tokens_of,
     read_prefill,
+    read_prefill_reply,
     stale_handoff,
 )
 from narwhal.core.ports import Burst, Chunk, Reply, StreamEnd, TimedOut
@@ -253,6 +256,28 @@ def test_a_prefill_reply_nested_past_the_parser_bound_is_malformed() -> None:
     deep = Reply(200, b'{"kv_transfer_params": ' + b"[" * 5000 + b"]" * 5000 + b"}")
     result = read_prefill(deep, P, "NixlConnector", None)
     assert not isinstance(result, dict) and result.kind is FaultKind.MALFORMED_RESPONSE
+
+
+@pytest.mark.parametrize(
+    ("usage", "count"),
+    [
+        ({"prompt_tokens": 7, "completion_tokens": 1}, 7),
+        ({"prompt_tokens": 0}, 0),
+        ({"prompt_tokens": -1}, None),
+        ({"prompt_tokens": True}, None),  # a bool is not a count
+        ({"prompt_tokens": 7.0}, None),
+        ({}, None),
+        (None, None),
+        ("7", None),
+    ],
+)
+def test_a_prefill_reply_hands_on_the_prompt_tokens_it_reports(
+    usage: Any, count: int | None
+) -> None:
+    payload = {"kv_transfer_params": descriptor(), "usage": usage}
+    read = read_prefill_reply(Reply(200, json.dumps(payload).encode()), P, "NixlConnector", None)
+    assert read == (descriptor(), count)  # a missing or bad count never blocks the handoff
+    assert prompt_tokens_of(payload) == count
 
 
 # ---------------------------------------------------------------- the prefill leg

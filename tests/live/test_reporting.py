@@ -82,3 +82,30 @@ def test_without_a_contract_the_models_the_engines_list_are_labels(
     metrics = handle.metrics()
     assert metric_value(metrics, "narwhal_requests_total", model="other", outcome="ok") == 1
     assert metric_value(metrics, "narwhal_requests_total", model="tiny-llama", outcome="ok") == 1
+
+
+def test_prompt_tokens_are_counted_as_the_engines_report_them(
+    emulator: Callable[..., Emulator],
+    router: Callable[..., RouterHandle],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="narwhal.requests")
+    producer, consumer = emulator("prefill"), emulator("decode")
+    engines = [
+        {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
+        {"url": consumer.url, "role": "decode"},
+    ]
+    handle = router(engines, contract=CONTRACT)
+    prompt = "count these few words please"
+    direct = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 1}
+    engine_says = HTTP.post(consumer.url + "/v1/completions", json=direct).json()
+    reported = engine_says["usage"]["prompt_tokens"]
+    assert reported > 1
+    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 2}
+    assert HTTP.post(handle.url + "/v1/completions", json=body).status_code == 200  # P/D
+    streamed = HTTP.post(handle.url + "/v1/completions", json={**body, "stream": True})
+    assert streamed.status_code == 200
+    metrics = handle.metrics()
+    assert metric_value(metrics, "narwhal_prompt_tokens_total", model="tiny-llama") == 2 * reported
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "narwhal.requests"]
+    assert [line["prompt_tokens"] for line in lines] == [reported, reported]
