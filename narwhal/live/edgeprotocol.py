@@ -88,21 +88,25 @@ class EdgeRequestHandler(HeadBoundedHandler):
 
     def __init__(self, manager: EdgeServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
+        self._edge = manager  # aiohttp forgets its manager when the connection is lost
         self.settings = manager.settings
         self.closed: asyncio.Future[None] = self._loop.create_future()
         self._head_timer: asyncio.TimerHandle | None = None
         self._probe_timer: asyncio.TimerHandle | None = None
+        self._unanswered = 0  # heads parsed whose handler has not finished
+        self._answering: BaseRequest | None = None  # the request whose handler runs
 
     # ------------------------------------------------------------------ connections
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        manager = self._manager
-        if manager is not None and len(manager.connections) > self.settings.max_connections:
+        self._edge.open_connections += 1
+        if self._edge.open_connections > self.settings.max_connections:
             log.debug("Over client.max_connections: connection closed.")
             self.force_close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._edge.open_connections -= 1
         for timer in (self._probe_timer, self._head_timer):
             if timer is not None:
                 timer.cancel()
@@ -113,26 +117,18 @@ class EdgeRequestHandler(HeadBoundedHandler):
     def eof_received(self) -> bool:  # type: ignore[override]  # asyncio allows a bool
         """Keep the transport open for writing only while a complete request awaits its
         answer (a half-close); anything else is a disconnect: the transport closes."""
-        request = self._awaiting_answer()
-        if request is None:
+        head = self._last_head
+        if (
+            not self._unanswered  # between requests
+            or self._head_bytes  # in the middle of a next head
+            or not isinstance(head, RawRequestMessage)
+            or not self.in_head()  # in the middle of its body
+        ):
             return False
         self.close()  # nothing more can come: close once the answer is out
-        if request.version >= HttpVersion11:  # HTTP/1.0 takes no interim responses
+        if head.version >= HttpVersion11:  # HTTP/1.0 takes no interim responses
             self._probe(GONE_PROBE_FIRST_S)
         return True
-
-    def _awaiting_answer(self) -> BaseRequest | RawRequestMessage | None:
-        """The complete request (or its parsed head, queued) that the EOF leaves waiting, if
-        any; None when a head or a body was cut short by it."""
-        if self._head_bytes:  # part of a next head
-            return None
-        if self._messages:
-            message, body = self._messages[-1]
-            if isinstance(message, RawRequestMessage) and body.is_eof():
-                return message
-            return None
-        request = self._current_request
-        return request if request is not None and request.content.is_eof() else None
 
     def _probe(self, next_s: float) -> None:
         """Write one interim ``100 Continue`` while the answer has not begun, then again after
@@ -143,8 +139,8 @@ class EdgeRequestHandler(HeadBoundedHandler):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        request = self._current_request
-        if request is not None and (self._messages or request.writer.output_size):
+        request = self._answering
+        if self._unanswered != 1 or (request is not None and request.writer.output_size):
             return  # the answer began, or the request writing now is not the waiting one
         transport.write(CONTINUE)
         self._probe_timer = self._loop.call_later(
@@ -170,6 +166,11 @@ class EdgeRequestHandler(HeadBoundedHandler):
     # ------------------------------------------------------------------ the head
 
     def data_received(self, data: bytes) -> None:
+        parsed = self._request_count
+        self._receive(data)
+        self._unanswered += self._request_count - parsed
+
+    def _receive(self, data: bytes) -> None:
         if data and self.in_head() and self._head_timer is None and self._idle():
             if self._keepalive_handle is not None:  # a request begins: no longer idle
                 self._keepalive_handle.cancel()
@@ -187,7 +188,7 @@ class EdgeRequestHandler(HeadBoundedHandler):
     def _idle(self) -> bool:
         """No request being handled: a 408 can go out now. (A head begun while one is, pipelined,
         is timed from its next byte after it, or closed by the idle timer.)"""
-        return self._current_request is None and not self._messages
+        return not self._unanswered
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
@@ -215,7 +216,12 @@ class EdgeRequestHandler(HeadBoundedHandler):
         if limit > 0 and not request.content.is_eof():
             timer = self._loop.call_later(limit, self._body_timed_out, request)
             request.content.on_eof(timer.cancel)
-        return await super()._handle_request(request, start_time, request_handler)
+        self._answering = request
+        try:
+            return await super()._handle_request(request, start_time, request_handler)
+        finally:
+            self._answering = None
+            self._unanswered -= 1
 
     def _body_timed_out(self, request: BaseRequest) -> None:
         transport = self.transport
@@ -243,6 +249,9 @@ class EdgeServer(web_server.Server):
     ) -> None:
         super().__init__(handler, **kwargs)
         self.settings = settings
+        # aiohttp's own list keeps a connection until its handler's task ends: this is the
+        # sockets open now, which is what the bound is on
+        self.open_connections = 0
 
     def __call__(self) -> RequestHandler:
         return EdgeRequestHandler(

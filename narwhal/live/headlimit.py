@@ -57,7 +57,8 @@ class HeadBoundedHandler(RequestHandler):
     :meth:`in_head`, and :meth:`head_completed` called after each read that completed one."""
 
     _head_bytes = 0
-    _open_body: StreamReader | None = None  # the body of the last head parsed, while it arrives
+    _last_head: object = None  # the last head parsed (a RawRequestMessage, or a parse error)
+    _open_body: StreamReader | None = None  # its body
 
     def in_head(self) -> bool:
         """No body is arriving: the next byte is part of a request head."""
@@ -75,7 +76,7 @@ class HeadBoundedHandler(RequestHandler):
         super().data_received(data)
         if self._request_count != parsed:  # heads completed in this read
             self._head_bytes = 0
-            self._open_body = self._messages[-1][1] if self._messages else None
+            self._last_head, self._open_body = self._messages[-1]
             self.head_completed()
             in_head = self.in_head()
         transport = self.transport
