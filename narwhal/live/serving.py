@@ -86,6 +86,11 @@ class RouterServer:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(stop.set)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop it serves on (None before :meth:`serve`)."""
+        return self._loop
+
     def loop_factory(self) -> Callable[[], asyncio.AbstractEventLoop]:
         return uvloop.new_event_loop
 

@@ -136,9 +136,12 @@ class ResponseSink:
         cancelling = task.cancelling()
         try:
             await response.write(data)
-        except OSError as error:
+        except OSError:
+            # aiohttp hands the data to the transport, then waits for it to drain: the
+            # connection was lost during (or before) the wait. The loss itself cancels the
+            # request (run_with_disconnect); a later write raises ClientGone.
             self.gone = True
-            raise ClientGone() from error
+            return None
         except asyncio.CancelledError:
             if timer.timed_out(task, cancelling):
                 self.cut = True
