@@ -29,7 +29,7 @@ UNPACED = LinearTiming()  # as fast as the emulator goes: the router's writes bl
 SMALL_BUFFER = 8192
 SILENCE_S = FAST_ENGINE["decode_read_timeout_s"]
 # Tokens the engine has generated once the router's writes to a paused client surely block:
-# about 100 KB of events fill the router's write buffer (the transport's high-water mark, 64 KiB) and
+# about 100 KB of events fill the router's write buffer (its transport's high water, 64 KiB) and
 # the small kernel buffers on both sides; an event is about 215 bytes.
 BLOCKED_AFTER_TOKENS = 800
 
