@@ -137,7 +137,7 @@ def main() -> None:
         )
         router = Router(config)
         sock = bind("127.0.0.1", 0)
-        with BackgroundServer(make_router_server(router.app, client=config.client), [sock]):
+        with BackgroundServer(make_router_server(router, client=config.client), [sock]):
             url = f"http://127.0.0.1:{port_of(sock)}"
             for kind in args.kinds:
                 for label, raw in (

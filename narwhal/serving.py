@@ -1,15 +1,17 @@
-"""Running ASGI apps with uvicorn: on pre-bound sockets, in the foreground or a thread.
+"""Running servers on pre-bound sockets, in the foreground or a thread.
 
 Rule kept here: sockets are bound before the server starts (port 0 gives an ephemeral port that
 is known at once, with no race), and a server started here is always stopped by whoever started
-it (:class:`BackgroundServer` is a context manager). The live router (``narwhal serve``) and the
-engine emulator (``narwhal emulate``) both run this way, so the plumbing is neither's.
+it (:class:`BackgroundServer` is a context manager). The live router (``narwhal serve``, aiohttp:
+:mod:`narwhal.live.serving`) and the engine emulator (``narwhal emulate``, uvicorn) both run this
+way, so the plumbing is neither's.
 
 Theory of operation: :func:`bind` makes a listening TCP socket. :func:`make_server` configures a
 uvicorn server for an app (HTTP/1.1 via h11 on asyncio's loop unless told otherwise).
 :func:`serve_blocking` runs one on a list of sockets in the calling thread (the CLI; uvicorn
-handles SIGINT and SIGTERM). :class:`BackgroundServer` runs one in a daemon thread with its own
-event loop (tests, tools) and stops it with a bounded graceful shutdown.
+handles SIGINT and SIGTERM). :class:`BackgroundServer` runs a uvicorn server or any
+:class:`Servable` (the router's) in a daemon thread with its own event loop (tests, tools) and
+stops it with a bounded graceful shutdown.
 """
 
 from __future__ import annotations
@@ -17,12 +19,25 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import uvicorn
 
 STARTUP_TIMEOUT_S = 15.0
+
+
+class Servable(Protocol):
+    """A server :class:`BackgroundServer` can run besides uvicorn's: it says when it serves,
+    is told to stop by setting ``should_exit`` (from any thread), and names its event loop."""
+
+    started: bool
+    should_exit: bool
+
+    def loop_factory(self) -> Callable[[], asyncio.AbstractEventLoop]: ...
+
+    async def serve(self, sockets: list[socket.socket]) -> None: ...
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -72,9 +87,9 @@ def serve_blocking(server: uvicorn.Server, sockets: list[socket.socket]) -> None
 
 
 class BackgroundServer:
-    """A uvicorn server in a daemon thread; ``with BackgroundServer(...) as s:`` stops it."""
+    """A server in a daemon thread; ``with BackgroundServer(...) as s:`` stops it."""
 
-    def __init__(self, server: uvicorn.Server, sockets: list[socket.socket]) -> None:
+    def __init__(self, server: uvicorn.Server | Servable, sockets: list[socket.socket]) -> None:
         self.server = server
         self.sockets = sockets
         self._thread = threading.Thread(target=self._run, daemon=True, name="narwhal-server")
@@ -82,7 +97,11 @@ class BackgroundServer:
 
     def _run(self) -> None:
         try:
-            factory = self.server.config.get_loop_factory()  # the loop the config names
+            server = self.server
+            if isinstance(server, uvicorn.Server):
+                factory = server.config.get_loop_factory()  # the loop the config names
+            else:
+                factory = server.loop_factory()
             with asyncio.Runner(loop_factory=factory) as runner:
                 runner.run(self.server.serve(sockets=self.sockets))
         except BaseException as error:

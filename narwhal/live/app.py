@@ -1,4 +1,4 @@
-"""The live router: an ASGI app (Starlette, served by uvicorn) around the core lifecycle.
+"""The live router: aiohttp request handlers around the core lifecycle.
 
 Rule kept here: this module is a thin driver. It parses HTTP into the core's values, hands each
 request to :func:`narwhal.core.lifecycle.serve_request` and the fleet to
@@ -8,16 +8,20 @@ it chooses are for requests the core never sees (401 bad key, 415 a body not sen
 a Host not allowed (:mod:`narwhal.live.gate`), 413 body too large or holding too many JSON
 values, 400 malformed JSON or a request the core's parser refuses).
 
-Theory of operation: the lifespan opens the httpx transport and a task group; the task group is
-the core's ``spawn`` port (probes, health checks, load scrapes) and runs the maintenance loop
-and the load scrape loop (:mod:`narwhal.core.loadscrape`, idle unless a phase is placed by
-``least_loaded``), and, for a router given its configuration file, the reload loop
-(:mod:`narwhal.live.reload`). Each inference request first takes an admission slot
+Theory of operation: :meth:`Router.running` (entered by the server, :mod:`narwhal.live.serving`,
+around everything it serves, and left after its shutdown) opens the engine transport and a task
+group; the task group is the core's ``spawn`` port (probes, health checks, load scrapes) and
+runs the maintenance loop and the load scrape loop (:mod:`narwhal.core.loadscrape`, idle unless
+a phase is placed by ``least_loaded``), and, for a router given its configuration file, the
+reload loop (:mod:`narwhal.live.reload`). Each inference request first takes an admission slot
 (``Policies.admission``; refused: the core's 503 with Retry-After,
 :func:`narwhal.core.entry.refuse`), held until it ends, then reads and parses its body once
-within ``[admission]``'s bounds, and runs in its own task group next to a watcher of
-``receive()``: a client disconnect cancels the lifecycle, whose ``finally`` releases every
-reservation and abandoned handoff. Every finished request yields one
+within ``[admission]``'s bounds, and runs the core's lifecycle in a scope that the connection's
+end cancels (:func:`narwhal.live.sink.run_with_disconnect`): a client disconnect cancels the
+lifecycle, whose ``finally`` releases every reservation and abandoned handoff. Requests are
+routed by a dict of path and method (:meth:`Router.handle`); an unknown path is a 404 and a
+wrong method a 405, both OpenAI error objects, and no path is ever redirected (a redirect built
+from the request would echo its Host header). Every finished request yields one
 :class:`~narwhal.core.records.RequestRecord` (through ``Policies(on_record=...)``), which feeds
 the metrics and one structured JSON log line.
 """
@@ -29,19 +33,14 @@ import hmac
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
-from starlette.applications import Starlette
-from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import Response, StreamResponse
 
 from narwhal.core import wire
 from narwhal.core.config import NarwhalConfig
@@ -62,12 +61,13 @@ from narwhal.core.requests import (
 )
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock
+from narwhal.live.edgeprotocol import CONTINUE, EdgeRequestHandler
 from narwhal.live.gate import HostGate, json_refusal
 from narwhal.live.lag import LagMonitor
 from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.reload import DEFAULT_POLL_S, ConfigReloader
 from narwhal.live.reporting import SHUTDOWN_MESSAGE, ModelLabels, RequestReporter, ServedRequest
-from narwhal.live.sink import AsgiSink, run_with_disconnect
+from narwhal.live.sink import ResponseSink, run_with_disconnect
 from narwhal.live.tracing import start_tracing
 from narwhal.live.transport import HttpxTransport
 
@@ -81,14 +81,18 @@ DECISIONS_KEPT = 10_000  # the decision log a router holds in memory (it runs fo
 log = logging.getLogger("narwhal.live")
 
 
-async def _http_error(request: Request, error: Exception) -> Response:
-    """Starlette's own errors (unknown path 404, wrong method 405) in OpenAI's error shape."""
-    assert isinstance(error, HTTPException)
-    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-    body = wire.error_object(
-        error.status_code, f"{error.detail}: {request.method} {request.url.path}", kind
+Handler = Callable[[BaseRequest], Awaitable[StreamResponse]]
+
+
+def json_response(
+    body: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    """A JSON response (what every endpoint but ``/metrics`` and the streams answers)."""
+    return Response(
+        status=status,
+        body=wire.to_json(body),
+        headers={**(headers or {}), "content-type": "application/json"},
     )
-    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 
 class Router:
@@ -140,24 +144,18 @@ class Router:
         self._announce = announce
         self._stopping = False
         self._ports: Ports | None = None
-        inference = {COMPLETIONS: _Inference(self, COMPLETIONS), CHAT: _Inference(self, CHAT)}
-        self.starlette = Starlette(
-            routes=[
-                Route(COMPLETIONS, inference[COMPLETIONS], methods=["POST"]),
-                Route(CHAT, inference[CHAT], methods=["POST"]),
-                Route("/v1/models", self._models, methods=["GET"]),
-                Route("/health", self._health, methods=["GET"]),
-                Route("/livez", self._livez, methods=["GET"]),
-                Route("/metrics", self._metrics, methods=["GET"]),
-                Route("/status", self._status, methods=["GET"]),
-            ],
-            lifespan=self._lifespan,
-            exception_handlers={HTTPException: _http_error},
-        )
-        # a trailing-slash redirect would echo the client's Host header into Location (an open
-        # redirect); a wrong path is a 404 instead
-        self.starlette.router.redirect_slashes = False
-        self.app = _FastPath(self.starlette, inference, HostGate(config.client.allowed_hosts))
+        inference = _Inference(self, COMPLETIONS), _Inference(self, CHAT)
+        # path -> method -> handler (HEAD is answered by GET's handler, without a body)
+        self.routes: dict[str, dict[str, Handler]] = {
+            COMPLETIONS: {"POST": inference[0]},
+            CHAT: {"POST": inference[1]},
+            "/v1/models": {"GET": self._models},
+            "/health": {"GET": self._health},
+            "/livez": {"GET": self._livez},
+            "/metrics": {"GET": self._metrics},
+            "/status": {"GET": self._status},
+        }
+        self.hosts = HostGate(config.client.allowed_hosts)
 
     @property
     def config(self) -> NarwhalConfig:
@@ -169,11 +167,14 @@ class Router:
     @property
     def ports(self) -> Ports:
         if self._ports is None:
-            raise RuntimeError("the router is not started (lifespan not run)")
+            raise RuntimeError("the router is not started (Router.running not entered)")
         return self._ports
 
     @contextlib.asynccontextmanager
-    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+    async def running(self) -> AsyncIterator[None]:
+        """The router's resources and background loops, for as long as it serves: the engine
+        transport, and one task group holding the lag monitor, the maintenance and load scrape
+        loops, the reload loop and every job spawned through the ports."""
         transport_cm = HttpxTransport(self.clock, stalls=self.stalls)
         async with transport_cm as transport, anyio.create_task_group() as group:
             group.start_soon(LagMonitor(self.clock, self.stalls).run)
@@ -257,7 +258,7 @@ class Router:
     # ------------------------------------------------------------------ request ids
 
     @staticmethod
-    def request_id_for(headers: Headers) -> str:
+    def request_id_for(headers: Mapping[str, str]) -> str:
         """The client's ``X-Request-Id`` when it is a sane token, else a fresh random id: unique
         across restarts and replicas (a counter would repeat), so client, router and engine
         logs join on it. The engine legs' ids are derived from it (``<id>-p1-...``)."""
@@ -268,7 +269,7 @@ class Router:
 
     # ------------------------------------------------------------------ plain endpoints
 
-    def authorized(self, headers: Headers) -> bool:
+    def authorized(self, headers: Mapping[str, str]) -> bool:
         if self._api_key is None:
             return True
         given = headers.get("authorization", "")
@@ -278,18 +279,18 @@ class Router:
         )
 
     @staticmethod
-    def unauthorized() -> JSONResponse:
-        return JSONResponse(
+    def unauthorized() -> Response:
+        return json_response(
             wire.error_object(
                 401,
                 "Incorrect API key provided.",
                 "invalid_request_error",
                 code="invalid_api_key",
             ),
-            status_code=401,
+            401,
         )
 
-    async def _models(self, request: Request) -> Response:
+    async def _models(self, request: BaseRequest) -> StreamResponse:
         if not self.authorized(request.headers):
             return self.unauthorized()
         merged: dict[str, dict[str, Any]] = {}
@@ -300,69 +301,64 @@ class Router:
                     merged.setdefault(model["id"], model)
         self.reporter.models.learn(merged)
         if not merged:
-            return JSONResponse(
+            return json_response(
                 wire.error_object(503, "no engine answered /v1/models", "no_engine_available"), 503
             )
-        return JSONResponse({"object": "list", "data": list(merged.values())})
+        return json_response({"object": "list", "data": list(merged.values())})
 
-    async def _livez(self, request: Request) -> Response:
+    async def _livez(self, request: BaseRequest) -> StreamResponse:
         """Liveness: the process serves. Apart from readiness (``/health``) so that an outage
         of the engines, which ``/health`` reports, never gets the router restarted and its
         breaker state thrown away."""
-        return JSONResponse({"status": "alive"})
+        return json_response({"status": "alive"})
 
-    async def _health(self, request: Request) -> Response:
+    async def _health(self, request: BaseRequest) -> StreamResponse:
         now = self.clock.now()
         placement = self.policies.placement
         ready = {phase: len(placement.candidates(phase, now)) for phase in ("prefill", "decode")}
         # a role whose engines are only quarantined still serves (placement falls back)
         ok = all(placement.any_eligible(phase, now) for phase in ("prefill", "decode"))
-        return JSONResponse(
-            {"status": "ok" if ok else "degraded", "eligible": ready},
-            status_code=200 if ok else 503,
+        return json_response(
+            {"status": "ok" if ok else "degraded", "eligible": ready}, 200 if ok else 503
         )
 
-    async def _metrics(self, request: Request) -> Response:
-        return Response(self.metrics.render(), media_type=PROMETHEUS_TEXT)
+    async def _metrics(self, request: BaseRequest) -> StreamResponse:
+        return Response(body=self.metrics.render(), headers={"content-type": PROMETHEUS_TEXT})
 
-    async def _status(self, request: Request) -> Response:
-        return JSONResponse(status_document(self.policies, self.clock))
+    async def _status(self, request: BaseRequest) -> StreamResponse:
+        return json_response(status_document(self.policies, self.clock))
 
+    # ------------------------------------------------------------------ routing
 
-class _FastPath:
-    """The ASGI app: a POST to an inference route goes straight to its endpoint, everything
-    else (other routes and methods, lifespan) through Starlette.
-
-    The endpoint is the one Starlette routes to; skipping Starlette's routing and its two
-    exception middlewares (each wraps ``send`` once more) saves work on every streamed chunk.
-    An exception still reaches uvicorn, which answers 500 if the response had not started.
-    """
-
-    def __init__(
-        self, starlette: Starlette, inference: dict[str, _Inference], hosts: HostGate
-    ) -> None:
-        self.starlette = starlette
-        self.inference = inference
-        self.hosts = hosts
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.hosts.allowed:  # client.allowed_hosts
-            refusal = self.hosts.refusal(scope["path"], Headers(scope=scope))
+    async def handle(self, request: BaseRequest) -> StreamResponse:
+        """Every request the server accepts: the Host gate, then its route's handler."""
+        if self.hosts.allowed:  # client.allowed_hosts
+            refusal = self.hosts.refusal(request.path, request.headers)
             if refusal is not None:
-                await JSONResponse(refusal, status_code=421)(scope, receive, send)
-                return
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            endpoint = self.inference.get(scope["path"])
-            if endpoint is not None:
-                await endpoint(scope, receive, send)
-                return
-        await self.starlette(scope, receive, send)
+                return json_response(refusal, 421)
+        methods = self.routes.get(request.path)
+        if methods is None:
+            return _route_error(request, 404, "Not Found", "not_found_error")
+        method = "GET" if request.method == "HEAD" else request.method
+        handler = methods.get(method)
+        if handler is None:
+            allow = {"allow": ", ".join(sorted(methods))}
+            return _route_error(request, 405, "Method Not Allowed", "invalid_request_error", allow)
+        return await handler(request)
+
+
+def _route_error(
+    request: BaseRequest, status: int, what: str, kind: str, headers: dict[str, str] | None = None
+) -> Response:
+    """An unknown path (404) or a wrong method (405), in OpenAI's error shape."""
+    body = wire.error_object(status, f"{what}: {request.method} {request.path}", kind)
+    return json_response(body, status, headers)
 
 
 SHUTDOWN_WRITE_S = 1.0  # the most a request cut short by shutdown waits to tell its client
 
 
-async def _answer_shutdown(sink: AsgiSink, send: Send) -> None:
+async def _answer_shutdown(sink: ResponseSink) -> None:
     """End a request cut short by shutdown: 503 before the commit, a terminal event after."""
     if sink.gone or sink.finished or sink.cut:
         return
@@ -372,53 +368,52 @@ async def _answer_shutdown(sink: AsgiSink, send: Send) -> None:
         if not sink.started:
             await sink.respond(503, error, {"retry-after": "1"})
             return
-        event = wire.sse_event(wire.to_json(error))
-        await send({"type": "http.response.body", "body": event, "more_body": False})
+        await sink.finish(wire.sse_event(wire.to_json(error)))
 
 
 class _Inference:
-    """Raw ASGI endpoint for one OpenAI route: body limits, parsing, then the core lifecycle."""
+    """The handler of one OpenAI route: body limits, parsing, then the core lifecycle."""
 
     def __init__(self, router: Router, endpoint: str) -> None:
         self.router = router
         self.endpoint = endpoint
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, request: BaseRequest) -> StreamResponse:
         router = self.router
         arrival = router.clock.now()
-        headers = Headers(scope=scope)
+        headers = request.headers
         request_id = router.request_id_for(headers)
-        sink = AsgiSink(
-            send, {"x-request-id": request_id}, clock=router.clock, stalls=router.stalls
-        )
         if not router.authorized(headers):
-            await router.unauthorized()(scope, receive, send)
-            return
+            return router.unauthorized()
+        sink = ResponseSink(
+            request, {"x-request-id": request_id}, clock=router.clock, stalls=router.stalls
+        )
         not_json = json_refusal(headers)  # a web page's "simple" cross-origin POST (gate.py)
         if not_json is not None:
             await sink.respond(415, not_json, {})
-            return
+            return sink.server_response()
         admission = router.policies.admission
         if not admission.try_admit(arrival, request_id):  # before the body is read
             await refuse(request_id, arrival, router.ports, router.policies, sink)
-            return
+            return sink.server_response()
         served = router.reporter.begin(request_id, self.endpoint, headers, sink)
         try:
-            request = await self._read_request(receive, headers, sink, request_id, arrival)
-            if request is not None:
-                await self._serve(request, receive, send, sink, served)
+            parsed = await self._read_request(request, sink, request_id, arrival)
+            if parsed is not None:
+                await self._serve(parsed, request, sink, served)
         finally:
             admission.release()
             router.reporter.end(served)
+        return sink.server_response()
 
     async def _read_request(
-        self, receive: Receive, headers: Headers, sink: AsgiSink, request_id: str, arrival: float
+        self, request: BaseRequest, sink: ResponseSink, request_id: str, arrival: float
     ) -> ClientRequest | None:
         """The client's request, or None once it has been answered (413, 400) or left.
 
         The body is parsed once and handed to the core as it is (no copy); the raw bytes and
         the parsed top level are dropped when this returns."""
-        raw = await self._read_body(receive, headers, sink)
+        raw = await self._read_body(request, sink)
         if raw is None:
             return None
         admission = self.router.config.admission
@@ -445,21 +440,22 @@ class _Inference:
 
     async def _serve(
         self,
-        request: ClientRequest,
-        receive: Receive,
-        send: Send,
-        sink: AsgiSink,
+        parsed: ClientRequest,
+        request: BaseRequest,
+        sink: ResponseSink,
         served: ServedRequest,
     ) -> None:
         router = self.router
-        served.set_model(router.reporter.models, request.body.get("model"))
+        served.set_model(router.reporter.models, parsed.body.get("model"))
 
         async def work() -> None:
-            await serve_request(request, router.ports, router.policies, sink)
+            await serve_request(parsed, router.ports, router.policies, sink)
             await sink.finish()
 
+        protocol = request.protocol
+        assert isinstance(protocol, EdgeRequestHandler)
         try:
-            await run_with_disconnect(receive, sink, work)
+            await run_with_disconnect(protocol.closed, sink, work)
         except anyio.get_cancelled_exc_class():
             # The server cancels what is still running when its shutdown grace period ends:
             # the client gets a clear end (a 503, or one terminal SSE event after the 200)
@@ -467,32 +463,38 @@ class _Inference:
             # record of a cancelled request is reported as what this answer is.
             answering, committed = not (sink.gone or sink.finished or sink.cut), sink.started
             with anyio.move_on_after(SHUTDOWN_WRITE_S, shield=True):  # a client not reading
-                await _answer_shutdown(sink, send)
+                await _answer_shutdown(sink)
             if answering:
                 router.reporter.shut_down(served, committed)
 
-    async def _read_body(self, receive: Receive, headers: Headers, sink: AsgiSink) -> bytes | None:
+    async def _read_body(self, request: BaseRequest, sink: ResponseSink) -> bytes | None:
+        """The whole body within ``admission.max_body_bytes`` (aiohttp's own ``client_max_size``
+        answers in plain text, so the bound is kept here), or None once answered or gone."""
         limit = self.router.config.admission.max_body_bytes
         too_large = wire.error_object(
             413,
             f"request body larger than {limit} bytes (admission.max_body_bytes)",
             "invalid_request_error",
         )
-        declared = headers.get("content-length", "")
+        declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             await sink.respond(413, too_large, {})
             return None
+        body = request.content
+        if not body.is_eof() and request.headers.get("expect", "").lower() == "100-continue":
+            transport = request.transport
+            if transport is not None and request.version >= (1, 1):
+                transport.write(CONTINUE)
         parts: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await sink.respond(413, too_large, {})
-                return None
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(parts)
+        try:
+            while chunk := await body.readany():
+                size += len(chunk)
+                if size > limit:
+                    await sink.respond(413, too_large, {})
+                    return None
+                parts.append(chunk)
+        except OSError:  # the connection was lost (or cut by client.body_timeout_s)
+            sink.gone = True
+            return None
+        return b"".join(parts)

@@ -40,7 +40,9 @@ def register(subparsers: Any) -> None:
         f"${API_KEY_ENV})",
     )
     serve.add_argument("--seed", type=int, default=0, help="seed of every policy's randomness")
-    serve.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    serve.add_argument(
+        "--log-level", default="warning", help="level of the server's own log on stderr"
+    )
     serve.add_argument(
         "--graceful-s",
         type=float,
@@ -101,7 +103,7 @@ def _load(path: str) -> Any:
 def serve_command(args: argparse.Namespace) -> int:
     from narwhal.live.app import Router
     from narwhal.live.serving import make_router_server
-    from narwhal.serving import bind, port_of, serve_blocking
+    from narwhal.serving import bind, port_of
 
     if args.graceful_s < 0:
         print("narwhal serve: --graceful-s must be >= 0", file=sys.stderr)
@@ -119,6 +121,11 @@ def serve_command(args: argparse.Namespace) -> int:
         return 2
     if hasattr(signal, "SIGHUP"):  # until the reload loop takes it: not the default (exit)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:  # the server's own messages (aiohttp's, narwhal.live's): for people, on stderr
+        logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    except ValueError as error:
+        print(f"narwhal serve: --log-level: {error}", file=sys.stderr)
+        return 2
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     requests_log = logging.getLogger("narwhal.requests")
@@ -141,15 +148,13 @@ def serve_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         api_key=api_key,
         announce=lambda line: print(line, file=sys.stderr, flush=True),
-        # SIGHUP (uvicorn takes SIGINT and SIGTERM only) and changes of the file reload it
+        # SIGHUP (the server takes SIGINT and SIGTERM only) and changes of the file reload it
         config_path=args.config,
         reload_poll_s=args.reload_poll_s,
         reload_on_sighup=True,
     )
-    server = make_router_server(
-        router.app, client=config.client, log_level=args.log_level, graceful_s=args.graceful_s
-    )
-    serve_blocking(server, [sock])
+    server = make_router_server(router, client=config.client, graceful_s=args.graceful_s)
+    server.run([sock])
     return 0
 
 

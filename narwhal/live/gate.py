@@ -17,9 +17,7 @@ same-origin; its requests carry its own name in ``Host``, which the allow-list r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from starlette.datastructures import Headers
+from collections.abc import Iterable, Mapping
 
 from narwhal.core import wire
 
@@ -40,7 +38,7 @@ class HostGate:
     def __init__(self, allowed: Iterable[str]) -> None:
         self.allowed = frozenset(allowed)
 
-    def refusal(self, path: str, headers: Headers) -> dict[str, object] | None:
+    def refusal(self, path: str, headers: Mapping[str, str]) -> dict[str, object] | None:
         """The 421 error body for a request to a Host not listed, else None."""
         if not self.allowed or path in UNCHECKED_PATHS:
             return None
@@ -54,7 +52,7 @@ class HostGate:
         )
 
 
-def json_refusal(headers: Headers) -> dict[str, object] | None:
+def json_refusal(headers: Mapping[str, str]) -> dict[str, object] | None:
     """The 415 error body for an inference request not declared as JSON, else None."""
     given = headers.get("content-type")
     media = (given or "").partition(";")[0].strip().lower()

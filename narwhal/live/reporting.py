@@ -28,7 +28,7 @@ from typing import Any
 from narwhal.core.records import RequestRecord
 from narwhal.live.clock import AnyioClock, to_wall
 from narwhal.live.metrics import RouterMetrics
-from narwhal.live.sink import AsgiSink
+from narwhal.live.sink import ResponseSink
 from narwhal.live.tracing import RequestTrace, RouterTracing
 
 CANCELLED = "client_gone"  # what the core records for a request its driver cancelled
@@ -84,7 +84,7 @@ class ServedRequest:
     )
 
     def __init__(
-        self, request_id: str, endpoint: str, sink: AsgiSink, trace: RequestTrace | None
+        self, request_id: str, endpoint: str, sink: ResponseSink, trace: RequestTrace | None
     ) -> None:
         self.request_id = request_id
         self.endpoint = endpoint
@@ -135,7 +135,7 @@ class RequestReporter:
         self.tracing = tracing
 
     def begin(
-        self, request_id: str, endpoint: str, headers: Mapping[str, str], sink: AsgiSink
+        self, request_id: str, endpoint: str, headers: Mapping[str, str], sink: ResponseSink
     ) -> ServedRequest:
         """Make the request the current one of its task (its span starts: tracing on)."""
         tracing = self.tracing

@@ -1,9 +1,17 @@
-"""The router's uvicorn server: httptools' HTTP parser with the edge's bounds, on uvloop.
+"""The router's HTTP server: aiohttp's low-level server with the edge's bounds, on uvloop.
 
 Rule kept here: ``narwhal serve`` and the tests that stand in for it build the router's server
 here, so both run the same parser, loop and bounds (:mod:`narwhal.live.edgeprotocol`, bound to
-the ``[client]`` settings); the plumbing shared with the emulator (binding, serving in the
-foreground or a thread) is :mod:`narwhal.serving`.
+the ``[client]`` settings); binding sockets and running a server in a thread is
+:mod:`narwhal.serving`, shared with the emulator.
+
+Theory of operation: :meth:`RouterServer.serve` enters the router's resources and background
+loops (:meth:`narwhal.live.app.Router.running`), serves the given sockets until told to stop
+(:attr:`RouterServer.should_exit`, settable from any thread, or SIGINT/SIGTERM when serving in
+the foreground), then stops listening, closes idle connections, gives requests in flight
+``graceful_s`` to finish (what still runs is cancelled and ends its answer itself) and only
+then leaves the router's resources: nothing outlives the call, and no request loses the engine
+transport while it runs.
 
 The process's descriptor limit is raised (soft up to hard) to room for ``client.max_connections``
 plus the router's own connections to the engines: run out of descriptors and the router could
@@ -12,15 +20,20 @@ not dial an engine, which would then be charged for it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import resource
-from typing import Any
+import signal
+import socket
+from collections.abc import Callable
 
-import uvicorn
+import uvloop
+from aiohttp import web
 
 from narwhal.core.config import ClientSettings
-from narwhal.live.edgeprotocol import edge_protocol
-from narwhal.serving import make_server
+from narwhal.live.app import Router
+from narwhal.live.edgeprotocol import EdgeServer
 
 # the engine connection pool's bound (narwhal.live.transport) plus files, sockets and headroom
 OWN_DESCRIPTORS = 1000 + 256
@@ -47,17 +60,73 @@ def ensure_descriptors(needed: int) -> int:
     return soft
 
 
+class RouterServer:
+    """The router served by aiohttp on pre-bound sockets (``with BackgroundServer(...)`` in
+    tests and tools, :meth:`run` in the foreground for ``narwhal serve``)."""
+
+    def __init__(self, router: Router, *, client: ClientSettings, graceful_s: float) -> None:
+        self.router = router
+        self.client = client
+        self.graceful_s = graceful_s
+        self.started = False
+        self._exit = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    @property
+    def should_exit(self) -> bool:
+        return self._exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        """Ask the server to stop (from any thread)."""
+        self._exit = value
+        loop, stop = self._loop, self._stop
+        if value and loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(stop.set)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop it serves on (None before :meth:`serve`)."""
+        return self._loop
+
+    def loop_factory(self) -> Callable[[], asyncio.AbstractEventLoop]:
+        return uvloop.new_event_loop
+
+    async def serve(self, sockets: list[socket.socket], *, signals: bool = False) -> None:
+        """Serve ``sockets`` until :attr:`should_exit` (or, with ``signals``, SIGINT/SIGTERM)."""
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        if self._exit:
+            self._stop.set()
+        if signals:
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self._loop.add_signal_handler(number, self._stop.set)
+        async with self.router.running():
+            server = EdgeServer(self.router.handle, self.client)
+            runner = web.ServerRunner(server, shutdown_timeout=self.graceful_s)
+            await runner.setup()
+            try:
+                for sock in sockets:
+                    await web.SockSite(runner, sock).start()
+                self.started = True
+                await self._stop.wait()
+            finally:
+                await runner.cleanup()
+                if signals:
+                    for number in (signal.SIGINT, signal.SIGTERM):
+                        self._loop.remove_signal_handler(number)
+
+    def run(self, sockets: list[socket.socket]) -> None:
+        """Serve in this thread, on uvloop, until SIGINT or SIGTERM."""
+        with asyncio.Runner(loop_factory=self.loop_factory()) as runner:
+            runner.run(self.serve(sockets, signals=True))
+
+
 def make_router_server(
-    app: Any, *, client: ClientSettings, log_level: str = "warning", graceful_s: float = 1.0
-) -> uvicorn.Server:
-    """The router's server: httptools' HTTP parser with the edge's bounds, on uvloop (the
-    emulator keeps h11, whose connection internals its ``reset`` fault uses, on asyncio's
-    loop)."""
+    router: Router, *, client: ClientSettings, graceful_s: float = 1.0
+) -> RouterServer:
+    """The router's server: aiohttp's parser with the edge's bounds, on uvloop (the emulator
+    keeps uvicorn and h11, whose connection internals its ``reset`` fault uses)."""
     ensure_descriptors(client.max_connections + OWN_DESCRIPTORS)
-    return make_server(
-        app,
-        log_level=log_level,
-        graceful_s=graceful_s,
-        http=edge_protocol(client),
-        loop="uvloop",
-    )
+    return RouterServer(router, client=client, graceful_s=graceful_s)

@@ -1,24 +1,27 @@
-"""The live client sink: the core's :class:`~narwhal.core.ports.ClientSink` over ASGI ``send``.
+"""The live client sink: the core's :class:`~narwhal.core.ports.ClientSink` over one aiohttp
+request's response.
 
-Rule kept here: the sink only writes what the core tells it to, in ASGI's order (one
-``http.response.start``, then body messages), within the deadline the core gives each write,
-and turns a departed client into :class:`~narwhal.core.ports.ClientGone`; it decides nothing
-about statuses, content or how long a client may take.
+Rule kept here: the sink only writes what the core tells it to, in HTTP's order (one status and
+head, then body bytes), within the deadline the core gives each write, and turns a departed
+client into :class:`~narwhal.core.ports.ClientGone`; it decides nothing about statuses, content
+or how long a client may take.
 
-Theory of operation: :meth:`AsgiSink.respond` sends a complete JSON response; :meth:`commit`
+Theory of operation: :meth:`ResponseSink.respond` sends a complete JSON response; :meth:`commit`
 sends HTTP 200 with the SSE headers (the commit point) and :meth:`send` streams body bytes after
-it; :meth:`finish` ends a committed body. uvicorn's ``send`` waits while the connection's write
-buffer is over its high-water mark (the client is not reading); that wait is bounded by the
-write's deadline with a :class:`~narwhal.live.waits.WaitTimer` (so the router's own stalls do
-not count against the client either). A write still waiting at its deadline is abandoned, whole
-(uvicorn writes nothing of a message before the wait ends), and returns ``TimedOut``; the sink is
-then *cut*: every later write returns ``TimedOut`` at once and :meth:`finish` writes nothing, so
-the app returns with the response incomplete and uvicorn closes the connection. :meth:`finish`
-is bounded by the deadline of the last write (it ends that write's response). A watcher (see
-:func:`run_with_disconnect`) reads ``receive()`` concurrently; on ``http.disconnect`` it marks
-the sink gone and cancels the request's scope, so the core's lifecycle is cancelled and releases
-what it holds in ``finally``. A disconnect reported after the response was complete is normal
-and ignored.
+it; :meth:`finish` ends a committed body. aiohttp's ``write`` waits (drains) while the
+connection's write buffer is over its high-water mark (the client is not reading); that wait is
+bounded by the write's deadline with a :class:`~narwhal.live.waits.WaitTimer` (so the router's
+own stalls do not count against the client either). A write still waiting at its deadline is
+abandoned and returns ``TimedOut``; the sink is then *cut*: every later write returns
+``TimedOut`` at once and :meth:`finish` writes nothing. :meth:`server_response` is what the
+handler returns to aiohttp: for a response left incomplete (cut, or the client gone) the
+connection is closed first, so aiohttp cannot end the body as if it were whole. :meth:`finish` is
+bounded by the deadline of the last write (it ends that write's response). A write to a closed
+connection raises ``ConnectionResetError``, which is ``ClientGone``. While the core serves,
+:func:`run_with_disconnect` watches the connection's end (a future the edge resolves): when the
+client leaves first it marks the sink gone and cancels the core's lifecycle, which releases
+what it holds in ``finally``. A disconnect after the response was complete is normal and
+ignored.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
-from starlette.types import Receive, Send
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import Response, StreamResponse
 
 from narwhal.core.ports import ClientGone, Clock, TimedOut, WriteResult
 from narwhal.core.stalls import StallLedger
@@ -40,45 +44,45 @@ from narwhal.live.waits import WaitTimer
 
 T = TypeVar("T")
 
-
-def _header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
-    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-
-
 _TIMED_OUT = TimedOut()
 
 
-class AsgiSink:
-    """Writes one HTTP response to an ASGI ``send``, each write within its deadline."""
+class ResponseSink:
+    """Writes one HTTP response to an aiohttp request, each write within its deadline."""
 
     def __init__(
         self,
-        send: Send,
+        request: BaseRequest,
         extra_headers: dict[str, str] | None = None,
         *,
         clock: Clock | None = None,
         stalls: StallLedger | None = None,
     ) -> None:
-        self._send = send
+        self._request = request
         self._extra = dict(extra_headers or {})
         self._timer = WaitTimer(clock or AnyioClock(), stalls)
+        self._response: StreamResponse | None = None
         self.gone = False
         self.cut = False  # a write timed out: nothing more is written
-        self.started = False  # http.response.start sent
-        self.finished = False  # the last body message sent
+        self.started = False  # the status and head were written
+        self.finished = False  # the body's end was written
         self.status: int | None = None
 
-    async def _emit(self, message: dict[str, Any], deadline: float) -> WriteResult:
-        """Send one ASGI message; ``TimedOut`` when it was still waiting at ``deadline``."""
+    async def _emit(self, write: Awaitable[Any], deadline: float) -> WriteResult:
+        """Await one write; ``TimedOut`` when it was still waiting at ``deadline``."""
         if self.gone:
+            if asyncio.iscoroutine(write):
+                write.close()
             raise ClientGone()
         if self.cut:
+            if asyncio.iscoroutine(write):
+                write.close()
             return _TIMED_OUT
         timer = self._timer
         task = timer.begin(deadline)
         cancelling = task.cancelling()
         try:
-            await self._send(message)
+            await write
         except OSError as error:
             self.gone = True
             raise ClientGone() from error
@@ -101,38 +105,23 @@ class AsgiSink:
     ) -> WriteResult:
         if self.started:
             raise RuntimeError("respond() after the response started")
-        payload = json.dumps(body).encode()
-        all_headers = {
-            **self._extra,
-            **headers,
-            "content-type": "application/json",
-            "content-length": str(len(payload)),
-        }
-        self.started, self.status = True, status
-        start = {
-            "type": "http.response.start",
-            "status": status,
-            "headers": _header_list(all_headers),
-        }
-        if await self._emit(start, deadline) is not None:
+        response = Response(
+            status=status,
+            body=json.dumps(body).encode(),
+            headers={**self._extra, **headers, "content-type": "application/json"},
+        )
+        self._response, self.started, self.status = response, True, status
+        if await self._emit(response.prepare(self._request), deadline) is not None:
             return _TIMED_OUT
         self.finished = True
-        return await self._emit(
-            {"type": "http.response.body", "body": payload, "more_body": False}, deadline
-        )
+        return await self._emit(response.write_eof(), deadline)
 
     async def commit(self, headers: dict[str, str], deadline: float = math.inf) -> WriteResult:
         if self.started:
             raise RuntimeError("commit() after the response started")
-        self.started, self.status = True, 200
-        return await self._emit(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": _header_list({**self._extra, **headers}),
-            },
-            deadline,
-        )
+        response = StreamResponse(status=200, headers={**self._extra, **headers})
+        self._response, self.started, self.status = response, True, 200
+        return await self._emit(response.prepare(self._request), deadline)
 
     async def send(self, data: bytes, deadline: float = math.inf) -> WriteResult:
         # _emit inlined: this runs once per streamed chunk
@@ -140,14 +129,19 @@ class AsgiSink:
             raise ClientGone()
         if self.cut:
             return _TIMED_OUT
+        response = self._response
+        assert response is not None, "send() before commit()"
         timer = self._timer
         task = timer.begin(deadline)
         cancelling = task.cancelling()
         try:
-            await self._send({"type": "http.response.body", "body": data, "more_body": True})
-        except OSError as error:
+            await response.write(data)
+        except OSError:
+            # aiohttp hands the data to the transport, then waits for it to drain: the
+            # connection was lost during (or before) the wait. The loss itself cancels the
+            # request (run_with_disconnect); a later write raises ClientGone.
             self.gone = True
-            raise ClientGone() from error
+            return None
         except asyncio.CancelledError:
             if timer.timed_out(task, cancelling):
                 self.cut = True
@@ -158,33 +152,44 @@ class AsgiSink:
             timer.waiter = None
         return None
 
-    async def finish(self) -> None:
-        """End a committed body (no-op when the response is complete, never began, or was cut),
-        within the deadline of the last write."""
+    async def finish(self, last: bytes = b"") -> None:
+        """End a committed body, after ``last`` (no-op when the response is complete, never
+        began, or was cut), within the deadline of the last write."""
+        response = self._response
         if self.started and not self.finished and not self.gone and not self.cut:
+            assert response is not None
             self.finished = True
             with contextlib.suppress(ClientGone):
-                end = {"type": "http.response.body", "body": b"", "more_body": False}
-                await self._emit(end, self._timer.deadline)
+                await self._emit(response.write_eof(last), self._timer.deadline)
+
+    def server_response(self) -> StreamResponse:
+        """What the handler returns to aiohttp. A response not complete (cut, the client gone,
+        or never begun) closes the connection first: aiohttp then writes nothing more."""
+        response = self._response
+        if response is None or not self.finished or self.gone or self.cut:
+            transport = self._request.transport
+            if transport is not None:
+                transport.close()
+        return response if response is not None else Response(status=499)
 
 
 async def run_with_disconnect(
-    receive: Receive, sink: AsgiSink, work: Callable[[], Awaitable[T]]
+    closed: asyncio.Future[None], sink: ResponseSink, work: Callable[[], Awaitable[T]]
 ) -> T | None:
-    """Run ``work()``; cancel it when the client disconnects first (then return None)."""
-    result: list[T] = []
-    async with anyio.create_task_group() as group:
+    """Run ``work()``; cancel it when the connection closes first (then return None).
 
-        async def watch() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    if not sink.finished:
-                        sink.gone = True
-                        group.cancel_scope.cancel()
-                    return
+    No task of its own: the connection's end is a future, and a callback on it cancels the
+    scope ``work`` runs in."""
+    with anyio.CancelScope() as scope:
 
-        group.start_soon(watch)
-        result.append(await work())
-        group.cancel_scope.cancel()
-    return result[0] if result else None
+        def on_close(_: asyncio.Future[None]) -> None:
+            if not sink.finished:
+                sink.gone = True
+                scope.cancel()
+
+        closed.add_done_callback(on_close)
+        try:
+            return await work()
+        finally:
+            closed.remove_done_callback(on_close)
+    return None

@@ -1,4 +1,4 @@
-"""Loopback harness: emulated engines and routers served by uvicorn in background threads.
+"""Loopback harness: emulated engines (uvicorn) and routers (aiohttp) in background threads.
 
 Every server is started through a fixture that stops it at teardown, so nothing outlives a test.
 """
@@ -200,7 +200,7 @@ def start_router(
     if send_buffer is not None:  # accepted connections inherit it
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     # as `narwhal serve` runs it
-    server = make_router_server(app.app, client=app.config.client, graceful_s=0.2)
+    server = make_router_server(app, client=app.config.client, graceful_s=0.2)
     background = servers.start(BackgroundServer(server, [sock]))
     return RouterHandle(app, background, f"http://127.0.0.1:{port_of(sock)}")
 

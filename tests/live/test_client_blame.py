@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from narwhal.emulator.timing import LinearTiming
+from narwhal.live.serving import RouterServer
 from tests.live.conftest import FAST_ENGINE, Emulator, RouterHandle, metric_value
 
 PACED = LinearTiming(decode_s_per_token=0.0005)  # a long stream at a steady pace
@@ -28,7 +29,7 @@ UNPACED = LinearTiming()  # as fast as the emulator goes: the router's writes bl
 SMALL_BUFFER = 8192
 SILENCE_S = FAST_ENGINE["decode_read_timeout_s"]
 # Tokens the engine has generated once the router's writes to a paused client surely block:
-# about 100 KB of events fill the router's write buffer (uvicorn's high-water mark, 64 KiB) and
+# about 100 KB of events fill the router's write buffer (its transport's high water, 64 KiB) and
 # the small kernel buffers on both sides; an event is about 215 bytes.
 BLOCKED_AFTER_TOKENS = 800
 
@@ -210,7 +211,10 @@ def test_a_stall_of_the_routers_event_loop_ejects_no_engine(
 ) -> None:
     engine = emulator(role="both", timing=LinearTiming(decode_s_per_token=0.002))
     handle = router([{"url": engine.url, "role": "both"}], recovery={"eject_after": 1})
-    loop = handle.server.server.servers[0].get_loop()  # the router's event loop
+    served = handle.server.server
+    assert isinstance(served, RouterServer)
+    loop = served.loop  # the router's event loop
+    assert loop is not None
     stream = handle.client().completions.create(
         model="tiny-llama", prompt="hello", max_tokens=400, stream=True
     )

@@ -63,7 +63,7 @@ def start_from_file(
         reload_poll_s=poll_s,
     )
     sock = bind("127.0.0.1", 0)
-    built = make_router_server(router.app, client=router.config.client, graceful_s=0.2)
+    built = make_router_server(router, client=router.config.client, graceful_s=0.2)
     server = servers.start(BackgroundServer(built, [sock]))
     return RouterHandle(router, server, f"http://127.0.0.1:{port_of(sock)}")
 

@@ -60,7 +60,7 @@ def start_traced_router(
     )
     router = Router(config, tick_s=0.02, tracer_provider=provider)
     sock = bind("127.0.0.1", 0)
-    built = make_router_server(router.app, client=router.config.client, graceful_s=0.2)
+    built = make_router_server(router, client=router.config.client, graceful_s=0.2)
     servers.start(BackgroundServer(built, [sock]))
     return router, f"http://127.0.0.1:{port_of(sock)}"
 

@@ -14,12 +14,12 @@ nothing; ``/health`` stays 200) from HANG_FROM_S to HANG_TO_S. The router: first
 - Simulator: :func:`narwhal.sim.runner.run` with ``[fleet] timing = "linear"`` (the emulator's
   timing model), ``[workload] kind = "fixed"`` and a :data:`FAULT` window on ``d1``.
 - Live: three emulated engines (``narwhal emulate``'s app, ``LinearTiming`` with the same four
-  parameters) and a :class:`~narwhal.live.app.Router`, each served by uvicorn on 127.0.0.1, on
-  one asyncio loop in one thread with the client that drives the scenario (see
-  :func:`run_live`). Requests are sent at the scenario times (real time, no scaling); the fault is
-  switched on (``POST /admin/faults`` with the same kind) and off (``DELETE /admin/faults``)
-  at the window's start and end. The router gets the very configuration object the simulator
-  used (same engine URLs in the same order) and the simulator's router seed
+  parameters) and a :class:`~narwhal.live.app.Router`, each served on 127.0.0.1 (the engines by
+  uvicorn, the router by its aiohttp server), on one asyncio loop in one thread with the client
+  that drives the scenario (see :func:`run_live`). Requests are sent at the scenario times (real
+  time, no scaling); the fault is switched on (``POST /admin/faults`` with the same kind) and off
+  (``DELETE /admin/faults``) at the window's start and end. The router gets the very configuration
+  object the simulator used (same engine URLs in the same order) and the simulator's router seed
   (``RunResult.policy_seed``), so placement ties and probe jitter draw the same numbers.
 
 Compared exactly: per request, its decisions in order (prefill and decode placements, its
@@ -69,7 +69,8 @@ from narwhal.emulator.runner import build_emulator
 from narwhal.emulator.state import EmulatorConfig
 from narwhal.emulator.timing import LinearTiming
 from narwhal.live.app import Router
-from narwhal.serving import bind, make_server, port_of
+from narwhal.live.serving import make_router_server
+from narwhal.serving import Servable, bind, port_of
 from narwhal.sim.gpu.prefix import prompt_text
 from narwhal.sim.runner import RunResult, run
 from narwhal.sim.scenario import Scenario, parse_scenario
@@ -369,7 +370,7 @@ async def drive(router_url: str, engines: list[Engine], live: LiveRun) -> None:
                 group.start_soon(request, index, t)
 
 
-Servers = list[tuple[uvicorn.Server, list[socket.socket]]]
+Servers = list[tuple[uvicorn.Server | Servable, list[socket.socket]]]
 
 
 async def world(servers: Servers, router_url: str, engines: list[Engine], live: LiveRun) -> None:
@@ -409,7 +410,8 @@ def run_live(
     router.policies.on_record = observe
     sock = bind("127.0.0.1", 0)
     url = f"http://127.0.0.1:{port_of(sock)}"
-    servers = [*emulators, (make_server(router.app, graceful_s=0.2), [sock])]
+    served = make_router_server(router, client=scenario.router.client, graceful_s=0.2)
+    servers: Servers = [*emulators, (served, [sock])]
     failures: list[BaseException] = []
 
     def host() -> None:
