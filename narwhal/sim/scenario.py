@@ -256,9 +256,7 @@ class Scenario(_Strict):
         return self.model_copy(update={"sim": self.sim.model_copy(update={"seed": seed})})
 
 
-def _format(
-    error: ValidationError, source: str, prefix: str, model: type[BaseModel]
-) -> list[str]:
+def _format(error: ValidationError, source: str, prefix: str, model: type[BaseModel]) -> list[str]:
     return validation_problems(
         error,
         prefix=prefix,

@@ -88,7 +88,8 @@ class KvCacheBudget:
     @property
     def available(self) -> int:
         """What is left for the KV cache (vLLM's ``available_kv_cache_memory_bytes``)."""
-        return self.requested - self.weights - self.activation_peak - self.non_torch - self.cudagraph
+        non_kv = self.weights + self.activation_peak + self.non_torch + self.cudagraph
+        return self.requested - non_kv
 
     @property
     def num_blocks(self) -> int:
@@ -143,5 +144,7 @@ def departures(
     for key, value in given.items():
         default = defaults[key]
         if value is not None and value != default:
-            notes.append(f"{key} {value:g} departs from vLLM's default {default:g} on {device_name}")
+            notes.append(
+                f"{key} {value:g} departs from vLLM's default {default:g} on {device_name}"
+            )
     return notes
