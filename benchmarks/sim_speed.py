@@ -73,6 +73,8 @@ probe_interval_s = 5.0
 prefill = 8
 decode = 8
 model = "llama3-8b"
+max_num_seqs = 256            # pinned (vLLM's H200 default is 1024 / 8192) so figures stay
+max_num_batched_tokens = 2048 # comparable with those measured before the defaults
 block_size = {block_size}
 stream_interval = {stream_interval}
 [workload]

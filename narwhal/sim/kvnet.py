@@ -11,6 +11,12 @@ since then, then schedules ONE SimPy timeout at the earliest completion; a gener
 makes an older timeout a no-op. So a transfer costs two events (setup, completion) whatever the
 contention. The topology maps (producer, consumer) to a link: ``per_consumer`` gives each
 consumer its own ingress link (its NIC), ``shared`` puts every transfer on one fabric link.
+
+Tensor parallelism (``ranks`` > 1): as vLLM's NixlConnector does, each rank of the consumer pulls
+its own shard of the KV (its ``kv_heads / tp`` heads) from the producer's matching rank, so one
+transfer is ``ranks`` flows of ``nbytes / ranks`` each, started together after one setup, each on
+that rank's own link (``per_consumer``: one NIC per GPU, links ``consumer#r0``, ``consumer#r1``,
+...; ``shared``: all on the fabric), and it is done when the last flow is (failed if any failed).
 """
 
 from __future__ import annotations
@@ -88,15 +94,20 @@ class KvNetwork:
         bandwidth_gbps: float,
         setup_s: float,
         topology: str = "per_consumer",
+        ranks: int = 1,
     ) -> None:
         self.env = env
         self.bandwidth = bandwidth_gbps * 1e9
         self.setup_s = setup_s
         self.topology = topology
+        self.ranks = ranks
         self.links: dict[str, Link] = {}
 
-    def link(self, producer: str, consumer: str) -> Link:
-        key = "fabric" if self.topology == "shared" else consumer
+    def link(self, producer: str, consumer: str, rank: int = 0) -> Link:
+        if self.topology == "shared":
+            key = "fabric"
+        else:
+            key = consumer if self.ranks == 1 else f"{consumer}#r{rank}"
         link = self.links.get(key)
         if link is None:
             link = self.links[key] = Link(self.env, self.bandwidth, key)
@@ -106,10 +117,34 @@ class KvNetwork:
         self, producer: str, consumer: str, nbytes: float, done: Done, *, fail: bool = False
     ) -> None:
         """Move ``nbytes``; ``done(ok)`` runs when the last byte arrives (or the flow fails)."""
+        if self.ranks > 1:
+            self._transfer_sharded(producer, consumer, nbytes, done, fail)
+            return
         link = self.link(producer, consumer)
 
         def start(_event: Any) -> None:
             link.add(nbytes, done, fail)
+
+        timer = self.env.timeout(self.setup_s)
+        timer.callbacks.append(start)
+
+    def _transfer_sharded(
+        self, producer: str, consumer: str, nbytes: float, done: Done, fail: bool
+    ) -> None:
+        """One flow of ``nbytes / ranks`` per rank; ``done`` once, when the last one ends."""
+        ranks = self.ranks
+        pending = [ranks]
+        failed = [False]
+
+        def one_done(ok: bool) -> None:
+            pending[0] -= 1
+            failed[0] = failed[0] or not ok
+            if pending[0] == 0:
+                done(not failed[0])
+
+        def start(_event: Any) -> None:
+            for rank in range(ranks):
+                self.link(producer, consumer, rank).add(nbytes / ranks, one_done, fail)
 
         timer = self.env.timeout(self.setup_s)
         timer.callbacks.append(start)

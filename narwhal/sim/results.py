@@ -204,12 +204,29 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
             for u, e in engines.items()
         },
     }
+    summary.update(engine_settings(result))
     workload = result.scenario.workload
     if workload.kind == "trace" or (
         workload.kind in ("poisson", "gamma") and workload.prompt is None
     ):
         summary["trace"] = f"{workload.trace}: {trace_citation(workload.trace)}"
     return summary
+
+
+def engine_settings(result: RunResult) -> dict[str, Any]:
+    """What every simulated engine ran with, and how that departs from vLLM's own defaults."""
+    fleet = result.scenario.fleet
+    params = fleet.engine_params()
+    return {
+        "engine_settings": {
+            "gpu": fleet.gpu_name,
+            "max_num_seqs": params.max_num_seqs,
+            "max_num_batched_tokens": params.max_num_batched_tokens,
+            "num_blocks": params.num_blocks,
+            "block_size": params.block_size,
+        },
+        "vllm_notes": fleet.vllm_notes(),
+    }
 
 
 def prefix_cache_hit_rate(engines: dict[str, dict[str, Any]]) -> float:
@@ -279,6 +296,16 @@ def table(summary: dict[str, Any]) -> str:
         lines.insert(
             3, ("unfinished", f"{summary['unfinished']} (the run stopped at sim.max_sim_s)")
         )
+    engine = summary["engine_settings"]
+    lines.append(
+        (
+            "engines",
+            f"max_num_seqs {engine['max_num_seqs']}, max_num_batched_tokens "
+            f"{engine['max_num_batched_tokens']}, {engine['num_blocks']:,} KV blocks of "
+            f"{engine['block_size']} ({engine['gpu']})",
+        )
+    )
+    lines.extend(("vs vLLM", note) for note in summary["vllm_notes"])
     if "trace" in summary:
         lines.append(("trace", summary["trace"]))
     width = max(len(k) for k, _ in lines)

@@ -26,12 +26,21 @@ from narwhal.config_file import parse_toml, read_toml
 from narwhal.core.config import ConfigError, NarwhalConfig, parse_config, validation_problems
 from narwhal.sim.faults import FaultSpec, targets
 from narwhal.sim.gpu.params import EngineParams
-from narwhal.sim.timing import (
-    LinearStepTiming,
-    StepTiming,
-    kv_cache_tokens,
-    model_names,
-    step_model,
+from narwhal.sim.model_shape import model_shape
+from narwhal.sim.tensor_parallel import (
+    NVLINK_H200_BUS_GBPS,
+    NVLINK_H200_LATENCY_US,
+    with_allreduce,
+)
+from narwhal.sim.timing import LinearStepTiming, StepTiming, model_names, step_model
+from narwhal.sim.vllm_defaults import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    BatchDefaults,
+    KvCacheBudget,
+    UsageContext,
+    batch_defaults,
+    departures,
+    kv_cache_budget,
 )
 from narwhal.sim.workload import WorkloadSettings
 
@@ -59,7 +68,15 @@ class LinearTimingSettings(_Strict):
 
 
 # [fleet] keys that the linear timing replaces (refused with it rather than silently unused)
-_FITTED_ONLY = ("step_overhead_ms", "jitter", "link_bandwidth_gbps", "link_setup_ms", "topology")
+_FITTED_ONLY = (
+    "step_overhead_ms",
+    "jitter",
+    "link_bandwidth_gbps",
+    "link_setup_ms",
+    "topology",
+    "tp_allreduce_gbps",
+    "tp_allreduce_latency_us",
+)
 
 
 class FleetSettings(_Strict):
@@ -69,12 +86,18 @@ class FleetSettings(_Strict):
     decode: int = Field(0, ge=0)
     both: int = Field(0, ge=0)
     model: str = "llama3-8b"
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(2048, ge=16)
+    # None: vLLM's defaults for the GPU and the usage context (narwhal/sim/vllm_defaults.py)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=16)
     block_size: int = Field(16, ge=1)
-    kv_cache_tokens: int | None = Field(None, ge=64)  # None: from GPU memory and the model
-    gpu_memory_gb: float = Field(141.0, gt=0)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    kv_cache_tokens: int | None = Field(None, ge=64)  # None: vLLM's sizing from GPU memory
+    gpu_name: str = "NVIDIA H200"  # as torch reports it: vLLM's batch defaults check "a100"
+    gpu_memory_gb: float = Field(141.0, gt=0)  # total device memory, 1e9 bytes
+    gpu_memory_utilization: float = Field(DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
+    usage_context: UsageContext = "api_server"  # vllm serve; "llm_class": vllm.LLM(...)
+    # tensor-parallel all-reduce (TP > 1 models): NCCL bus bandwidth GB/s and latency per call
+    tp_allreduce_gbps: float = Field(NVLINK_H200_BUS_GBPS, gt=0)
+    tp_allreduce_latency_us: float = Field(NVLINK_H200_LATENCY_US, ge=0)
     step_overhead_ms: float = Field(2.0, ge=0)
     jitter: float = Field(0.05, ge=0, lt=1)
     stream_interval: int = Field(1, ge=1)
@@ -92,8 +115,12 @@ class FleetSettings(_Strict):
     def _consistent(self) -> FleetSettings:
         if self.model not in model_names():
             raise ValueError(f"model {self.model!r} is not in the profile ({model_names()})")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        batch = self.batch()
+        if batch.max_num_batched_tokens < batch.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({batch.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({batch.max_num_seqs})"
+            )
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 8 * self.block_size:
             raise ValueError(
                 f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least 8 blocks of "
@@ -110,11 +137,62 @@ class FleetSettings(_Strict):
                 )
         return self
 
+    @property
+    def gpu_memory_bytes(self) -> int:
+        return round(self.gpu_memory_gb * 1e9)
+
+    def batch(self) -> BatchDefaults:
+        """The sequence cap and token budget: as given, else vLLM's defaults for the GPU."""
+        return batch_defaults(
+            self.gpu_memory_bytes,
+            self.gpu_name,
+            self.usage_context,
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
+        )
+
+    def kv_budget(self) -> KvCacheBudget:
+        """vLLM's KV-cache sizing on one rank of this GPU, for this model and batch."""
+        batch = self.batch()
+        return kv_cache_budget(
+            model_shape(self.model),
+            self.gpu_memory_bytes,
+            self.gpu_memory_utilization,
+            self.block_size,
+            batch.max_num_batched_tokens,
+            batch.max_num_seqs,
+        )
+
+    def vllm_notes(self) -> list[str]:
+        """A note for each engine setting that departs from what vLLM would use here."""
+        vllm = batch_defaults(self.gpu_memory_bytes, self.gpu_name, self.usage_context)
+        given: dict[str, float | int | None] = {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+        }
+        defaults: dict[str, float | int] = {
+            "max_num_seqs": vllm.max_num_seqs,
+            "max_num_batched_tokens": vllm.max_num_batched_tokens,
+            "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
+        }
+        if self.kv_cache_tokens is not None:
+            given["kv_cache_tokens"] = self.kv_cache_tokens
+            sized = self.model_copy(update={"kv_cache_tokens": None}).kv_budget()
+            defaults["kv_cache_tokens"] = sized.num_blocks * self.block_size
+        return departures(self.gpu_name, given, defaults)
+
     def step_timing(self) -> StepTiming:
-        """The engines' timing model: fitted to the profile, or the emulator's linear one."""
+        """The engines' timing model: fitted to the profile (plus the all-reduces of a TP > 1
+        model), or the emulator's linear one."""
         fitted = step_model(self.model)
         if self.timing == "fitted":
-            return fitted
+            return with_allreduce(
+                fitted,
+                model_shape(self.model),
+                self.tp_allreduce_gbps,
+                self.tp_allreduce_latency_us / 1e6,
+            )
         linear = self.linear or LinearTimingSettings()
         return LinearStepTiming(
             prefill_s_per_token=linear.prefill_s_per_token,
@@ -127,15 +205,17 @@ class FleetSettings(_Strict):
         )
 
     def engine_params(self) -> EngineParams:
-        tokens = self.kv_cache_tokens or kv_cache_tokens(
-            self.model, self.gpu_memory_gb, self.gpu_memory_utilization
-        )
+        batch = self.batch()
+        if self.kv_cache_tokens is not None:
+            num_blocks = self.kv_cache_tokens // self.block_size
+        else:
+            num_blocks = self.kv_budget().num_blocks
         return EngineParams(
             model=self.model,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=batch.max_num_seqs,
+            max_num_batched_tokens=batch.max_num_batched_tokens,
             block_size=self.block_size,
-            num_blocks=max(8, tokens // self.block_size),
+            num_blocks=max(8, num_blocks),
             step_overhead_s=self.step_overhead_ms / 1e3 if self.timing == "fitted" else 0.0,
             jitter=self.jitter if self.timing == "fitted" else 0.0,
             stream_interval=self.stream_interval,
@@ -176,9 +256,7 @@ class Scenario(_Strict):
         return self.model_copy(update={"sim": self.sim.model_copy(update={"seed": seed})})
 
 
-def _format(
-    error: ValidationError, source: str, prefix: str, model: type[BaseModel]
-) -> list[str]:
+def _format(error: ValidationError, source: str, prefix: str, model: type[BaseModel]) -> list[str]:
     return validation_problems(
         error,
         prefix=prefix,

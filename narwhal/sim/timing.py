@@ -252,16 +252,3 @@ def fit_report(model: str) -> FitReport:
 
 def step_model(model: str) -> StepModel:
     return fit_report(model).model
-
-
-def kv_cache_tokens(model: str, gpu_memory_gb: float, utilization: float) -> int:
-    """KV-cache capacity (tokens) of one engine: memory left after bf16 weights, per shard."""
-    cfg = load_profile()["models"][model]["config"]
-    tp = int(cfg["tp"])
-    hidden, inter, layers = int(cfg["hidden"]), int(cfg["inter"]), int(cfg["layers"])
-    attn = hidden * int(cfg["head_dim"]) * (2 * int(cfg["heads"]) + 2 * int(cfg["kv_heads"]))
-    per_layer = (attn + 3 * hidden * inter) / tp
-    weights = 2.0 * (layers * per_layer + 2 * int(cfg["vocab"]) * hidden / tp)
-    kv_per_token = load_profile()["models"][model]["kv_bytes_per_token_all_shards"] / tp
-    free = gpu_memory_gb * 1e9 * utilization - weights
-    return max(0, int(free // kv_per_token))

@@ -12,7 +12,10 @@ from narwhal.sim.runner import RunResult, run
 from .conftest import scenario
 
 MIXED: dict[str, Any] = {
-    "workload": {"duration_s": 5.0, "prompt": {"dist": "uniform", "low": 100, "high": 3000}}
+    "workload": {"duration_s": 5.0, "prompt": {"dist": "uniform", "low": 100, "high": 3000}},
+    # a 2048-token budget chunks the longer prompts, so a consumer computing them delays its
+    # decodes (at vLLM's H200 default of 8192 each prompt is one step: no delay to show)
+    "fleet": {"max_num_batched_tokens": 2048},
 }
 PRODUCERS = ("http://sim-p0", "http://sim-p1")
 CONSUMERS = ("http://sim-d0", "http://sim-d1")
