@@ -58,8 +58,16 @@ class LinearTimingSettings(_Strict):
     kv_setup_s: float = Field(0.0, ge=0)  # fixed time of every KV pull
 
 
-# [fleet] keys that the linear timing replaces (refused with it rather than silently unused)
-_FITTED_ONLY = ("step_overhead_ms", "jitter", "link_bandwidth_gbps", "link_setup_ms", "topology")
+# [fleet] keys that the linear timing replaces (refused with it rather than silently unused);
+# the step noise (jitter, straggler_rate, straggler_factor) applies to both timings
+_FITTED_ONLY = (
+    "step_overhead_ms",
+    "step_overhead_per_seq_us",
+    "step_overhead_per_token_us",
+    "link_bandwidth_gbps",
+    "link_setup_ms",
+    "topology",
+)
 
 
 class FleetSettings(_Strict):
@@ -75,8 +83,12 @@ class FleetSettings(_Strict):
     kv_cache_tokens: int | None = Field(None, ge=64)  # None: from GPU memory and the model
     gpu_memory_gb: float = Field(141.0, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    step_overhead_ms: float = Field(2.0, ge=0)
-    jitter: float = Field(0.05, ge=0, lt=1)
+    step_overhead_ms: float = Field(2.0, ge=0)  # host work of every step
+    step_overhead_per_seq_us: float = Field(0.0, ge=0)  # host work per scheduled sequence
+    step_overhead_per_token_us: float = Field(0.0, ge=0)  # host work per scheduled token
+    jitter: float = Field(0.05, ge=0, lt=1)  # step noise body: uniform(1 - jitter, 1 + jitter)
+    straggler_rate: float = Field(0.0, ge=0, lt=1)  # the chance that a step is a straggler
+    straggler_factor: float = Field(1.0, ge=1)  # how many times longer a straggler step takes
     stream_interval: int = Field(1, ge=1)
     kv_lease_s: float = Field(30.0, gt=0)
     kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
@@ -105,8 +117,8 @@ class FleetSettings(_Strict):
             unused = sorted(set(_FITTED_ONLY) & self.model_fields_set)
             if unused:
                 raise ValueError(
-                    f'{", ".join(unused)}: not used with timing = "linear" (no per-step '
-                    "overhead or jitter; KV pulls take linear.kv_s_per_token per token)"
+                    f'{", ".join(unused)}: not used with timing = "linear" (its overhead is '
+                    "[fleet.linear]'s; KV pulls take linear.kv_s_per_token per token)"
                 )
         return self
 
@@ -136,13 +148,27 @@ class FleetSettings(_Strict):
             max_num_batched_tokens=self.max_num_batched_tokens,
             block_size=self.block_size,
             num_blocks=max(8, tokens // self.block_size),
-            step_overhead_s=self.step_overhead_ms / 1e3 if self.timing == "fitted" else 0.0,
-            jitter=self.jitter if self.timing == "fitted" else 0.0,
+            **self._step_cost(),
             stream_interval=self.stream_interval,
             kv_lease_s=self.kv_lease_s,
             kv_load_failure_policy=self.kv_load_failure_policy,
             prefix_caching=self.prefix_caching,
         )
+
+
+    def _step_cost(self) -> dict[str, float]:
+        """The host overhead and step noise of :class:`EngineParams`. The linear timing has its
+        own overhead and, unless ``jitter`` is set, no jitter (as the emulator it mirrors)."""
+        fitted = self.timing == "fitted"
+        jittered = fitted or "jitter" in self.model_fields_set
+        return {
+            "step_overhead_s": self.step_overhead_ms / 1e3 if fitted else 0.0,
+            "step_overhead_per_seq_s": self.step_overhead_per_seq_us / 1e6 if fitted else 0.0,
+            "step_overhead_per_token_s": self.step_overhead_per_token_us / 1e6 if fitted else 0.0,
+            "jitter": self.jitter if jittered else 0.0,
+            "straggler_rate": self.straggler_rate,
+            "straggler_factor": self.straggler_factor,
+        }
 
 
 class SimSettings(_Strict):
