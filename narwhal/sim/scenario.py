@@ -142,33 +142,26 @@ class FleetSettings(_Strict):
         tokens = self.kv_cache_tokens or kv_cache_tokens(
             self.model, self.gpu_memory_gb, self.gpu_memory_utilization
         )
+        fitted = self.timing == "fitted"
         return EngineParams(
             model=self.model,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             block_size=self.block_size,
             num_blocks=max(8, tokens // self.block_size),
-            **self._step_cost(),
+            # the linear timing has its own overhead and, unless ``jitter`` is set, no jitter
+            # (as the emulator it mirrors); the step noise applies to both timings
+            step_overhead_s=self.step_overhead_ms / 1e3 if fitted else 0.0,
+            step_overhead_per_seq_s=self.step_overhead_per_seq_us / 1e6 if fitted else 0.0,
+            step_overhead_per_token_s=self.step_overhead_per_token_us / 1e6 if fitted else 0.0,
+            jitter=self.jitter if fitted or "jitter" in self.model_fields_set else 0.0,
+            straggler_rate=self.straggler_rate,
+            straggler_factor=self.straggler_factor,
             stream_interval=self.stream_interval,
             kv_lease_s=self.kv_lease_s,
             kv_load_failure_policy=self.kv_load_failure_policy,
             prefix_caching=self.prefix_caching,
         )
-
-
-    def _step_cost(self) -> dict[str, float]:
-        """The host overhead and step noise of :class:`EngineParams`. The linear timing has its
-        own overhead and, unless ``jitter`` is set, no jitter (as the emulator it mirrors)."""
-        fitted = self.timing == "fitted"
-        jittered = fitted or "jitter" in self.model_fields_set
-        return {
-            "step_overhead_s": self.step_overhead_ms / 1e3 if fitted else 0.0,
-            "step_overhead_per_seq_s": self.step_overhead_per_seq_us / 1e6 if fitted else 0.0,
-            "step_overhead_per_token_s": self.step_overhead_per_token_us / 1e6 if fitted else 0.0,
-            "jitter": self.jitter if jittered else 0.0,
-            "straggler_rate": self.straggler_rate,
-            "straggler_factor": self.straggler_factor,
-        }
 
 
 class SimSettings(_Strict):

@@ -3,6 +3,7 @@ per step; the defaults give a flat overhead with uniform jitter, float for float
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -97,7 +98,7 @@ def _token_times(**params: Any) -> list[float]:
 
 
 def _gaps(times: list[float]) -> list[float]:
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 def test_an_engine_adds_the_per_sequence_and_per_token_overhead_to_each_step() -> None:

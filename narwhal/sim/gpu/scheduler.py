@@ -10,9 +10,10 @@ goes back to the head of the queue to prefill its prompt plus the tokens it alre
 
 Theory of operation:
 - :meth:`Scheduler.plan` composes step ``s``: its prefill chunks (decodes are implied) and its
-  duration from the :class:`~narwhal.sim.timing.StepTiming`, plus the host overhead and times
-  the seeded noise of :class:`~narwhal.sim.gpu.stepcost.StepCost`, times the slow-down switch. :meth:`Scheduler.apply` then applies it when the
-  step ends: prefill progress, tokens, outputs, finishes.
+  duration: the :class:`~narwhal.sim.timing.StepTiming`'s, plus the host overhead, times the
+  seeded noise (both :class:`~narwhal.sim.gpu.stepcost.StepCost`) and the slow-down switch.
+  :meth:`Scheduler.apply` then applies it when the step ends: prefill progress, tokens,
+  outputs, finishes.
 - Per-token work is avoided: a decode that joins the batch at step ``j`` with context ``c0``
   has context ``c0 + (s - j)`` at step ``s``, so the batch's total context is one running sum
   (``ctx_base + len(decoding) * s``), and the steps at which a sequence needs a block, must
