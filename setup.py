@@ -53,6 +53,7 @@ COMPILED = [
     "narwhal/sim/gpu/prefix.py",
     "narwhal/sim/gpu/scheduler.py",
     "narwhal/sim/gpu/sequence.py",
+    "narwhal/sim/gpu/stepcost.py",
     "narwhal/sim/gpu/switches.py",
     "narwhal/sim/gpu/totals.py",
     "narwhal/sim/gpu/wire.py",

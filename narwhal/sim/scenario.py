@@ -67,10 +67,12 @@ class LinearTimingSettings(_Strict):
     kv_setup_s: float = Field(0.0, ge=0)  # fixed time of every KV pull
 
 
-# [fleet] keys that the linear timing replaces (refused with it rather than silently unused)
+# [fleet] keys that the linear timing replaces (refused with it rather than silently unused);
+# the step noise (jitter, straggler_rate, straggler_factor) applies to both timings
 _FITTED_ONLY = (
     "step_overhead_ms",
-    "jitter",
+    "step_overhead_per_seq_us",
+    "step_overhead_per_token_us",
     "link_bandwidth_gbps",
     "link_setup_ms",
     "topology",
@@ -98,8 +100,12 @@ class FleetSettings(_Strict):
     # tensor-parallel all-reduce (TP > 1 models): NCCL bus bandwidth GB/s and latency per call
     tp_allreduce_gbps: float = Field(NVLINK_H200_BUS_GBPS, gt=0)
     tp_allreduce_latency_us: float = Field(NVLINK_H200_LATENCY_US, ge=0)
-    step_overhead_ms: float = Field(2.0, ge=0)
-    jitter: float = Field(0.05, ge=0, lt=1)
+    step_overhead_ms: float = Field(2.0, ge=0)  # host work of every step
+    step_overhead_per_seq_us: float = Field(0.0, ge=0)  # host work per scheduled sequence
+    step_overhead_per_token_us: float = Field(0.0, ge=0)  # host work per scheduled token
+    jitter: float = Field(0.05, ge=0, lt=1)  # step noise body: uniform(1 - jitter, 1 + jitter)
+    straggler_rate: float = Field(0.0, ge=0, lt=1)  # the chance that a step is a straggler
+    straggler_factor: float = Field(1.0, ge=1)  # how many times longer a straggler step takes
     stream_interval: int = Field(1, ge=1)
     kv_lease_s: float = Field(30.0, gt=0)
     kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
@@ -132,8 +138,8 @@ class FleetSettings(_Strict):
             unused = sorted(set(_FITTED_ONLY) & self.model_fields_set)
             if unused:
                 raise ValueError(
-                    f'{", ".join(unused)}: not used with timing = "linear" (no per-step '
-                    "overhead or jitter; KV pulls take linear.kv_s_per_token per token)"
+                    f'{", ".join(unused)}: not used with timing = "linear" (its overhead is '
+                    "[fleet.linear]'s; KV pulls take linear.kv_s_per_token per token)"
                 )
         return self
 
@@ -210,14 +216,21 @@ class FleetSettings(_Strict):
             num_blocks = self.kv_cache_tokens // self.block_size
         else:
             num_blocks = self.kv_budget().num_blocks
+        fitted = self.timing == "fitted"
         return EngineParams(
             model=self.model,
             max_num_seqs=batch.max_num_seqs,
             max_num_batched_tokens=batch.max_num_batched_tokens,
             block_size=self.block_size,
             num_blocks=max(8, num_blocks),
-            step_overhead_s=self.step_overhead_ms / 1e3 if self.timing == "fitted" else 0.0,
-            jitter=self.jitter if self.timing == "fitted" else 0.0,
+            # the linear timing has its own overhead and, unless ``jitter`` is set, no jitter
+            # (as the emulator it mirrors); the step noise applies to both timings
+            step_overhead_s=self.step_overhead_ms / 1e3 if fitted else 0.0,
+            step_overhead_per_seq_s=self.step_overhead_per_seq_us / 1e6 if fitted else 0.0,
+            step_overhead_per_token_s=self.step_overhead_per_token_us / 1e6 if fitted else 0.0,
+            jitter=self.jitter if fitted or "jitter" in self.model_fields_set else 0.0,
+            straggler_rate=self.straggler_rate,
+            straggler_factor=self.straggler_factor,
             stream_interval=self.stream_interval,
             kv_lease_s=self.kv_lease_s,
             kv_load_failure_policy=self.kv_load_failure_policy,

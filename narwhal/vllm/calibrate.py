@@ -6,7 +6,8 @@ prompt length; then ``repeats`` rounds over every batch), so two calibrations of
 engines differ only by the engines' own timing.
 
 Theory of operation: :func:`calibrate_engine` measures with :mod:`narwhal.vllm.measure` and
-fits with :func:`narwhal.vllm.fit.fit_engine`. With a distinct decode engine, the prefill
+fits with :func:`narwhal.vllm.fit.fit_engine` (and the step noise, and with a profile model
+the host overhead, with :mod:`narwhal.vllm.fit_tails`). With a distinct decode engine, the prefill
 points are the prefill legs of real handoffs (``kv_transfer_params`` as Narwhal sends them),
 whose decode legs also time the KV pull and the decode right after it; otherwise plain
 one-token completions, and no KV term. The batch steps are always timed on the decode engine.
@@ -34,6 +35,7 @@ from narwhal.vllm.measure import (
 DEFAULT_LENGTHS = (16, 128, 384, 768, 1280)  # narwhal calibrate's defaults too
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 DEFAULT_HANDOFF_TOKENS = 8
+BATCH_PROMPT_CHARS = 24  # each batch stream's prompt (short: the step is the decode's)
 
 
 def calibrate_engine(
@@ -48,6 +50,7 @@ def calibrate_engine(
     handoff_tokens: int = DEFAULT_HANDOFF_TOKENS,
     seed: int = 0,
     statistic: str = "median",
+    profile_model: str | None = None,
     report: Callable[[str], None] | None = None,
 ) -> EngineCalibration:
     """Measure ``engine`` (prefill) and ``decode_engine`` (decode steps; default: ``engine``)
@@ -55,7 +58,9 @@ def calibrate_engine(
     each handoff's decode leg's. ``statistic`` (``median`` or ``min``) reduces each point's
     repeats: the median is the typical time, what a workload's p50 sees on a machine shared
     with other work; the minimum is the least disturbed one. ``report``, if given, gets a line
-    as each measurement starts (a calibration takes minutes on a CPU engine)."""
+    as each measurement starts (a calibration takes minutes on a CPU engine). With
+    ``profile_model`` (a model of the simulator's GPU profile that the engine serves), the host
+    overhead beyond that model's decode step is fitted too."""
     say = report or (lambda line: None)
     rng = random.Random(seed)
     decoder = decode_engine or engine
@@ -86,5 +91,10 @@ def calibrate_engine(
         for index, batch in enumerate(batches):
             number = repeat * len(batches) + index + 1
             say(f"calibrate: decode {number}/{repeats * len(batches)} (batch of {batch})")
-            steps.append(asyncio.run(time_batch(decoder, name, batch, tokens, rng)))
-    return fit_engine(engine, decoder, name, prefill, steps, handoffs, statistic)
+            timed = time_batch(decoder, name, batch, tokens, rng, prompt_length=BATCH_PROMPT_CHARS)
+            steps.append(asyncio.run(timed))
+    # a batch stream's mean context: its prompt (about a token a character), half its output
+    context = BATCH_PROMPT_CHARS + 1 + tokens // 2
+    return fit_engine(
+        engine, decoder, name, prefill, steps, handoffs, statistic, profile_model, context
+    )

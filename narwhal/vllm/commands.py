@@ -126,6 +126,13 @@ def _register_calibrate(subparsers: Any) -> None:
         f"{DEFAULT_HANDOFF_TOKENS}): their time per token is reported as the decode right "
         "after a KV pull",
     )
+    calibrate.add_argument(
+        "--profile-model",
+        default=None,
+        help="a model of the simulator's GPU profile (e.g. llama3-8b) that the engine serves: "
+        "the snippet is then the fitted timing with the host overhead measured beyond that "
+        "model's decode step, instead of the linear timing",
+    )
     calibrate.add_argument("--seed", type=int, default=0)
     calibrate.set_defaults(func=calibrate_command)
 
@@ -140,6 +147,16 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"calibrate: {problem}", file=sys.stderr)
         return 2
+    if args.profile_model is not None:
+        from narwhal.sim.timing import model_names
+
+        if args.profile_model not in model_names():
+            print(
+                f"calibrate: --profile-model: {args.profile_model!r} is not in the profile "
+                f"({', '.join(model_names())})",
+                file=sys.stderr,
+            )
+            return 2
     for flag, path in (("--out", args.out), ("--json", args.json)):
         problem = _writable(path)
         if problem is not None:  # found now, not after minutes of measuring
@@ -157,6 +174,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
             handoff_tokens=args.handoff_tokens,
             seed=args.seed,
             statistic=args.statistic,
+            profile_model=args.profile_model,
             report=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except (httpx.HTTPError, RuntimeError, KeyError, IndexError, ValueError) as error:

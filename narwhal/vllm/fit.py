@@ -20,6 +20,9 @@ prefill_s_per_token * P`` and one step; a decode leg's first token comes after t
   ``kv_setup_s`` the intercept less one step (a negative slope means no growth with the
   prompt, and the mean is the better constant).
 
+The step noise (``jitter``, ``straggler_rate``, ``straggler_factor``) and, against a profile
+model, the host overhead per step come from :mod:`narwhal.vllm.fit_tails`.
+
 Negative values are clamped at zero. The fit error is the mean absolute relative error per
 kind of point (``step``, ``prefill``, ``first_token``) and over all. Besides the six
 parameters, the handoffs' own decodes give the median time per token of one stream right after
@@ -35,6 +38,7 @@ from typing import Any
 
 import tomli_w
 
+from narwhal.vllm.fit_tails import HostOverhead, StepTail, fit_host_overhead, fit_step_tail
 from narwhal.vllm.measure import HandoffSample, PrefillSample, StepSample
 
 STATISTICS = ("median", "min")
@@ -104,6 +108,8 @@ class EngineCalibration:
     handoff_decode_s_per_token: float | None = None  # median over handoffs; None: no handoffs
     statistic: str = "median"
     points: list[dict[str, Any]] = field(default_factory=list)
+    tail: StepTail | None = None  # the step noise; None: too few per-step times
+    host: HostOverhead | None = None  # host work against a profile model, when one was named
 
     def parameters(self) -> dict[str, float]:
         return {
@@ -136,9 +142,32 @@ class EngineCalibration:
             "# engine counts: set them to the fleet to simulate",
         ]
         counts = {"prefill": 1, "decode": 1} if pair else {"both": 1}
-        linear = {name: float(f"{value:.6g}") for name, value in self.parameters().items()}
-        fleet = {"fleet": {**counts, "timing": "linear", "linear": linear}}
+        noise: dict[str, float] = {}
+        if self.tail is not None:
+            header.append(f"# step noise from {self.tail.steps} measured steps")
+            noise = {
+                "jitter": _g(self.tail.jitter),
+                "straggler_rate": _g(self.tail.straggler_rate),
+                "straggler_factor": _g(self.tail.straggler_factor),
+            }
+        if self.host is not None:  # the profile's GPU model plus the measured host work
+            header.append(f"# host overhead: measured steps less profile model {self.host.model}")
+            host = {
+                "model": self.host.model,
+                "timing": "fitted",
+                "step_overhead_ms": _g(self.host.step_overhead_s * 1e3),
+                "step_overhead_per_seq_us": _g(self.host.per_seq_s * 1e6),
+            }
+            fleet = {"fleet": {**counts, **host, **noise}}
+        else:
+            linear = {name: _g(value) for name, value in self.parameters().items()}
+            fleet = {"fleet": {**counts, "timing": "linear", **noise, "linear": linear}}
         return "\n".join(header) + "\n" + tomli_w.dumps(fleet)
+
+
+def _g(value: float) -> float:
+    """Six significant digits: what a snippet needs, and short to read."""
+    return float(f"{value:.6g}")
 
 
 def _point(kind: str, x: int, measured: float, predicted: float) -> dict[str, Any]:
@@ -159,12 +188,18 @@ def fit_engine(
     steps: list[StepSample],
     handoffs: list[HandoffSample],
     statistic: str = "median",
+    profile_model: str | None = None,
+    context_per_seq: int = 0,
 ) -> EngineCalibration:
     """The six parameters from the measurements (see the module docstring), with every point's
-    prediction and relative error."""
+    prediction and relative error; the step noise; with ``profile_model``, the host overhead
+    against that profile model's decode step (``context_per_seq`` tokens per sequence)."""
     result = EngineCalibration(engine, decode_engine, model, prefill, steps, handoffs)
     result.statistic = statistic
     batches, step_s = reduce_repeats([(s.batch, s.step_s) for s in steps], statistic)
+    result.tail = fit_step_tail(steps)
+    if profile_model is not None:
+        result.host = fit_host_overhead(batches, step_s, profile_model, context_per_seq)
     if len(batches) >= 2:
         step_line = fit_line(batches, step_s, relative=True)
         result.decode_s_per_seq = max(step_line.slope, 0.0)
@@ -228,6 +263,19 @@ def engine_report(result: EngineCalibration) -> str:
     lines.append("parameters:")
     for name, value in result.parameters().items():
         lines.append(f"  {name:<20} {value:.6g}")
+    tail = result.tail
+    if tail is not None:
+        lines.append(
+            f"step noise ({tail.steps} steps, each over its batch's median): jitter "
+            f"{tail.jitter:.3g}, straggler_rate {tail.straggler_rate:.3g}, straggler_factor "
+            f"{tail.straggler_factor:.3g}"
+        )
+    if result.host is not None:
+        lines.append(
+            f"host overhead beyond profile model {result.host.model}'s decode step: "
+            f"{result.host.step_overhead_s * 1e3:.3g} ms + {result.host.per_seq_s * 1e6:.3g} "
+            "us per sequence"
+        )
     if result.handoff_decode_s_per_token is not None:
         lines.append(
             f"decode right after a KV pull (median over handoffs): "

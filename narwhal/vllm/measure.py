@@ -23,7 +23,9 @@ Theory of operation:
   send time is immune to that and the last token is only ever late, so ``B`` streams of ``T``
   tokens against ``B`` one-token streams, sent at once, give the step as the difference of
   their spans over ``T - 1`` (not biased low); when noise makes it <= 0,
-  :func:`steady_step_s` reads it from the window in which every stream was decoding.
+  :func:`steady_step_s` reads it from the window in which every stream was decoding. The same
+  window gives the step-to-step spread (:func:`step_gaps`), from which the fit reads the
+  step-time tail.
 
 Uses httpx (a project dependency); never touches torch or vLLM.
 """
@@ -31,6 +33,7 @@ Uses httpx (a project dependency); never touches torch or vLLM.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import statistics
 import time
@@ -72,6 +75,8 @@ class StepSample:
 
     batch: int
     step_s: float
+    # one stream's time per token between arrivals while every stream decoded (the tail)
+    gaps: tuple[float, ...] = ()
 
 
 @dataclass
@@ -214,6 +219,32 @@ def steady_step_s(streams: Sequence[Sequence[tuple[float, int]]]) -> float:
     return statistics.median(per_token)
 
 
+def step_gaps(streams: Sequence[Sequence[tuple[float, int]]]) -> tuple[float, ...]:
+    """Per-step times of the first stream in the window in which every stream was decoding
+    (all of a batch's streams share its steps, so one stream is the batch's steps): between
+    two arrivals, the time over the tokens the later one brought. Events read together (one
+    arrival time) are one arrival; a burst the API server delivered late reads as the mean of
+    its steps, never as zero-length steps."""
+    streams = [marks for marks in streams if marks]
+    if not streams:
+        return ()
+    start = max(marks[0][0] for marks in streams)
+    end = min(marks[-1][0] for marks in streams)
+    arrivals: list[tuple[float, int]] = []
+    for at, count in streams[0]:
+        if not start <= at <= end:
+            continue
+        if arrivals and arrivals[-1][0] == at:
+            arrivals[-1] = (at, count)
+        else:
+            arrivals.append((at, count))
+    return tuple(
+        (t1 - t0) / (c1 - c0)
+        for (t0, c0), (t1, c1) in itertools.pairwise(arrivals)
+        if c1 > c0
+    )
+
+
 async def _batch_span(
     http: httpx.AsyncClient,
     engine: str,
@@ -257,4 +288,4 @@ async def time_batch(
         short, _ = await _batch_span(http, engine, one, batch, rng, prompt_length)
         full, streams = await _batch_span(http, engine, body, batch, rng, prompt_length)
     step = (full - short) / (tokens - 1)
-    return StepSample(batch, step if step > 0 else steady_step_s(streams))
+    return StepSample(batch, step if step > 0 else steady_step_s(streams), step_gaps(streams))

@@ -121,7 +121,8 @@ def test_a_linear_fleet_times_each_request_as_the_emulator_does() -> None:
     ("fleet", "message"),
     [
         ({"linear": LINEAR}, 'needs timing = "linear"'),
-        ({"timing": "linear", "jitter": 0.1}, "jitter: not used with"),
+        ({"timing": "linear", "step_overhead_ms": 1.0}, "step_overhead_ms: not used with"),
+        ({"timing": "linear", "step_overhead_per_seq_us": 5.0}, "step_overhead_per_seq_us: not"),
         ({"timing": "linear", "link_bandwidth_gbps": 10.0}, "link_bandwidth_gbps: not used"),
         ({"timing": "linear", "linear": {"decode_s_per_token": -1.0}}, "greater than or equal"),
         ({"timing": "linear", "linear": {"decode_s": 1.0}}, "unknown key"),

@@ -53,6 +53,12 @@ def test_narwhal_calibrate_command(pair: Fleet, tmp_path: Path) -> None:
     assert first_tokens == [17, 513, 1281]
     assert all(h["prefill_s"] > 0 and h["first_token_s"] > 0 for h in data["handoffs"])
     assert 1 / 5000 < data["handoff_decode_s_per_token"] < 1 / 20  # 20..5000 tokens/s
+    # the step noise from the batch streams' per-step times, in the snippet beside the timing
+    assert all(step["gaps"] and min(step["gaps"]) >= 0 for step in data["steps"])
+    assert data["tail"]["steps"] >= 20 and "step noise (" in done.stdout
+    fleet = tomllib.loads(out.read_text())["fleet"]
+    assert 0 <= fleet["jitter"] <= 0.95 and 0 <= fleet["straggler_rate"] < 1
+    assert fleet["straggler_factor"] >= 1
     # the snippet is a simulator fleet as written
     workload = '\n[workload]\nkind = "fixed"\narrivals_s = [0.0, 0.2]\nprompt_tokens = 100\n'
     scenario = parse_scenario(tomllib.loads(out.read_text() + workload))

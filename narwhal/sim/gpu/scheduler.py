@@ -10,9 +10,10 @@ goes back to the head of the queue to prefill its prompt plus the tokens it alre
 
 Theory of operation:
 - :meth:`Scheduler.plan` composes step ``s``: its prefill chunks (decodes are implied) and its
-  duration from the :class:`~narwhal.sim.timing.StepTiming`, plus the per-step overhead, times
-  a seeded jitter and the slow-down switch. :meth:`Scheduler.apply` then applies it when the
-  step ends: prefill progress, tokens, outputs, finishes.
+  duration: the :class:`~narwhal.sim.timing.StepTiming`'s, plus the host overhead, times the
+  seeded noise (both :class:`~narwhal.sim.gpu.stepcost.StepCost`) and the slow-down switch.
+  :meth:`Scheduler.apply` then applies it when the step ends: prefill progress, tokens,
+  outputs, finishes.
 - Per-token work is avoided: a decode that joins the batch at step ``j`` with context ``c0``
   has context ``c0 + (s - j)`` at step ``s``, so the batch's total context is one running sum
   (``ctx_base + len(decoding) * s``), and the steps at which a sequence needs a block, must
@@ -59,6 +60,7 @@ from narwhal.sim.gpu.sequence import (
     Resumer,
     Seq,
 )
+from narwhal.sim.gpu.stepcost import StepCost
 from narwhal.sim.gpu.switches import FaultSwitches
 from narwhal.sim.gpu.totals import EngineTotals
 from narwhal.sim.kvnet import KvNetwork
@@ -108,6 +110,7 @@ class Scheduler:
         self.writer = writer
         self.switches = switches
         self.rng = rng
+        self.cost = StepCost(params)  # host overhead and noise per step
         self.wake = wake  # wakes the engine if idle (there is new work)
         self.totals = totals
         self.model_json = model_json  # the served model's name as JSON, in prefill replies
@@ -232,10 +235,7 @@ class Scheduler:
             return None
         context = self.ctx_base + len(self.decoding) * step
         dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs)
-        dt += params.step_overhead_s
-        jitter = params.jitter
-        if jitter:
-            dt *= 1.0 + jitter * (2.0 * self.rng.random() - 1.0)
+        dt = self.cost.seconds(dt, decodes + len(chunks), tokens, self.rng)
         return dt * self.switches.slow, chunks
 
     def apply(
