@@ -26,6 +26,7 @@ from narwhal.config_file import parse_toml, read_toml
 from narwhal.core.config import ConfigError, NarwhalConfig, parse_config, validation_problems
 from narwhal.sim.faults import FaultSpec, targets
 from narwhal.sim.gpu.params import EngineParams
+from narwhal.sim.replicas import RouterReplicaSettings
 from narwhal.sim.timing import (
     LinearStepTiming,
     StepTiming,
@@ -169,6 +170,7 @@ class Scenario(_Strict):
     workload: WorkloadSettings
     faults: tuple[FaultSpec, ...] = ()
     sim: SimSettings = SimSettings()
+    replicas: RouterReplicaSettings = RouterReplicaSettings()  # [router]
 
     def with_seed(self, seed: int | None) -> Scenario:
         if seed is None:
@@ -197,7 +199,7 @@ def _fleet_engines(fleet: FleetSettings) -> list[dict[str, str]]:
 def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
     """Validate a mapping (as read from TOML) into a :class:`Scenario`."""
     problems: list[str] = []
-    known = {*ROUTER_KEYS, "name", "description", "fleet", "workload", "faults", "sim"}
+    known = {*ROUTER_KEYS, "name", "description", "fleet", "workload", "faults", "sim", "router"}
     for key in sorted(set(data) - known):
         problems.append(
             f"  {key}: unknown key (check the spelling against docs/simulator.md); "
@@ -208,6 +210,7 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
         "fleet": FleetSettings,
         "workload": WorkloadSettings,
         "sim": SimSettings,
+        "router": RouterReplicaSettings,
     }
     for key, model in models.items():
         try:
@@ -257,6 +260,7 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
         workload=parts["workload"],
         faults=tuple(faults),
         sim=parts["sim"],
+        replicas=parts["router"],
     )
 
 
