@@ -15,9 +15,10 @@ each new connection's 4-tuple onto one of the listening sockets, so a fresh conn
 a replica independently of the others, and no replica is told what the others hold), and what
 a hashing L4 balancer does; a request is modelled as one connection. ``spread =
 "round_robin"`` deals requests in turn, the most even split any balancer achieves, to separate
-the cost of unshared state from the cost of uneven load. Replica ``k > 0`` draws its policy
-seed from the router's seed and ``k`` (never from the run's root RNG, so no other part's draws
-move). Results: :attr:`RouterReplicas.replica_of` says which replica served each request;
+the cost of unshared state from the cost of uneven load. Replica ``k`` gets
+:func:`~narwhal.core.policies.replica_seed` (drawn from the router's seed and ``k``, never from
+the run's root RNG, so no other part's draws move), the seed worker ``k`` of ``narwhal serve
+--workers`` gets. Results: :attr:`RouterReplicas.replica_of` says which replica served each request;
 :func:`replica_summary` counts per replica.
 """
 
@@ -30,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from narwhal.core.config import NarwhalConfig
-from narwhal.core.policies import Policies
+from narwhal.core.policies import Policies, replica_seed
 from narwhal.core.records import DecisionLog, RequestRecord
 
 MAX_REPLICAS = 64
@@ -103,13 +104,6 @@ class RouterReplicas:
         return sum(
             1 for p in self.members if p.breaker.state(url, now).value in ("ejected", "probing")
         )
-
-
-def replica_seed(seed: int, k: int) -> int:
-    """Replica ``k``'s policy seed: replica 0 has the router's own."""
-    if k == 0:
-        return seed
-    return random.Random(f"{seed}/replica-{k}").getrandbits(64)
 
 
 def replica_summary(
