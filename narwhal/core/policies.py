@@ -23,6 +23,16 @@ from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.retry import RetryBudget
 
 
+def replica_seed(seed: int, index: int) -> int:
+    """The policy seed of router replica ``index`` of a router seeded ``seed`` (a worker of
+    ``narwhal serve --workers``, a simulated ``[router] replicas``): replica 0 has ``seed``
+    itself, so one replica is the single router; the others' seeds are drawn from ``seed`` and
+    ``index`` alone."""
+    if index == 0:
+        return seed
+    return random.Random(f"{seed}/replica-{index}").getrandbits(64)
+
+
 class Policies:
     """Admission, breaker, placement, retry budget, id source and decision log of one router."""
 

@@ -36,6 +36,7 @@ SCENARIO_KEYS = (
     "workload",
     "faults",
     "sim",
+    "router",  # [router] replicas, spread (narwhal.sim.replicas)
 )
 _WORKLOAD_DEFAULTS = {"kind": "trace", "rate_scale": 1.0, "rate": 5.0}  # as WorkloadSettings
 

@@ -57,6 +57,13 @@ def register(subparsers: Any) -> None:
         help="how often the configuration file is checked for changes, which are reloaded "
         "as on SIGHUP (default 2; 0: only on SIGHUP)",
     )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="router processes sharing the port, each with its own policies "
+        "(docs/live.md, Beyond one core; default 1)",
+    )
     serve.set_defaults(func=serve_command)
 
     preflight = subparsers.add_parser(
@@ -119,6 +126,10 @@ def serve_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"narwhal serve: {error}", file=sys.stderr)
         return 2
+    if args.workers != 1:  # a supervisor of N router processes (narwhal.live.workers)
+        from narwhal.live.workers import serve_workers
+
+        return serve_workers(args, config, api_key)
     if hasattr(signal, "SIGHUP"):  # until the reload loop takes it: not the default (exit)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:  # the server's own messages (aiohttp's, narwhal.live's): for people, on stderr

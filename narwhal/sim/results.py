@@ -31,6 +31,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from narwhal.sim.replicas import replica_summary
 from narwhal.sim.runner import RunResult, run
 from narwhal.sim.scenario import Scenario
 from narwhal.sim.shared_context import SharedContextSettings
@@ -205,6 +206,16 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         },
     }
     summary.update(engine_settings(result))
+    if result.replica_ejections:  # several router replicas ([router] replicas > 1)
+        summary["replicas"] = {
+            "spread": result.scenario.replicas.spread,
+            **replica_summary(
+                result.replica_of,
+                result.records,
+                len(result.replica_ejections),
+                result.replica_ejections,
+            ),
+        }
     workload = result.scenario.workload
     if workload.kind == "trace" or (
         workload.kind in ("poisson", "gamma") and workload.prompt is None
@@ -306,6 +317,15 @@ def table(summary: dict[str, Any]) -> str:
         )
     )
     lines.extend(("vs vLLM", note) for note in summary["vllm_notes"])
+    if "replicas" in summary:
+        replicas = summary["replicas"]
+        lines.append(
+            (
+                f"router replicas ({replicas['spread']})",
+                f"{replicas['count']}: requests {replicas['requests']}, "
+                f"ejections {replicas['ejections']}",
+            )
+        )
     if "trace" in summary:
         lines.append(("trace", summary["trace"]))
     width = max(len(k) for k, _ in lines)

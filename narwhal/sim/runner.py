@@ -29,7 +29,6 @@ from typing import Any
 import simpy
 
 from narwhal.core.entry import serve_admitted
-from narwhal.core.policies import Policies
 from narwhal.core.probe import maintenance_loop
 from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.requests import CHAT, COMPLETIONS, ClientRequest
@@ -41,6 +40,7 @@ from narwhal.sim.gpu.prefix import prompt_text
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.loadreports import start_load_reports
 from narwhal.sim.model_shape import model_shape
+from narwhal.sim.replicas import RouterReplicas
 from narwhal.sim.scenario import Scenario
 from narwhal.sim.timing import LinearStepTiming
 from narwhal.sim.workload import Arrival, generate
@@ -62,6 +62,9 @@ class RunResult:
     sim_end_s: float
     # tokens delivered before [DONE] per decode request id (the core's "<request>-d<attempt>-…")
     delivered: dict[str, int] = field(default_factory=dict)
+    # which router replica served each request (empty with one replica: :mod:`.replicas`)
+    replica_of: dict[str, int] = field(default_factory=dict)
+    replica_ejections: list[int] = field(default_factory=list)  # per replica, with several
     wall_s: float = field(default=0.0, compare=False)  # not part of the written results
     policy_seed: int = 0  # the router's seed (``Policies(seed=...)``) derived from ``seed``
 
@@ -129,25 +132,27 @@ def run(
         if len(records) == total and not all_done.triggered:
             all_done.succeed()
 
-    policies = Policies(config, seed=policy_seed, log=log, on_record=on_record)
+    replicas = RouterReplicas(
+        scenario.replicas, config, seed=policy_seed, log=log, on_record=on_record
+    )
     ports = make_ports(env, engines)
     horizon = (arrivals[-1].t if arrivals else 0.0) + config.engine.request_timeout_s
     roles = {e.url: e.role.value for e in config.engines}
     windows = expand(list(scenario.faults), roles, horizon, fault_rng)
     install(env, engines, windows)
 
-    start(
-        env,
-        maintenance_loop(
-            ports,
-            policies,
-            stop=lambda: stopped,
-            tick_s=sim.tick_s,
-            health_checks=sim.health_checks,
-        ),
-    )
-
-    start_load_reports(env, engines, policies)  # only for a least_loaded phase
+    for policies in replicas.members:  # each replica probes and health-checks on its own
+        start(
+            env,
+            maintenance_loop(
+                ports,
+                policies,
+                stop=lambda: stopped,
+                tick_s=sim.tick_s,
+                health_checks=sim.health_checks,
+            ),
+        )
+        start_load_reports(env, engines, policies)  # only for a least_loaded phase
 
     endpoint = CHAT if scenario.workload.endpoint == "chat" else COMPLETIONS
     stream = scenario.workload.stream
@@ -170,26 +175,29 @@ def run(
                 body = {"model": model, "prompt": text, "max_tokens": arrival.output}
             body["stream"] = stream
             request = ClientRequest(f"req-{i}", endpoint, body, float(env.now))
-            start(env, serve_admitted(request, ports, policies, SINK))
+            start(env, serve_admitted(request, ports, replicas.route(request.request_id, i), SINK))
 
     samples: list[dict[str, Any]] = []
+    first, several = replicas.members[0], len(replicas.members) > 1
 
     def sample() -> Any:
         while True:
             now = float(env.now)
             for url, engine in engines.items():
-                counts = policies.placement.counts[url]
-                samples.append(
-                    {
-                        "t": now,
-                        "engine": url,
-                        "router_state": policies.breaker.state(url, now).value,
-                        "condition": engine.condition(),
-                        "reserved_prefill": counts["prefill"],
-                        "reserved_decode": counts["decode"],
-                        **engine.load(),
-                    }
-                )
+                sample = {
+                    "t": now,
+                    "engine": url,
+                    # replica 0's view; with several, ejected_by counts the replicas holding
+                    # it out, and reservations are summed (what the engine holds)
+                    "router_state": first.breaker.state(url, now).value,
+                    "condition": engine.condition(),
+                    "reserved_prefill": replicas.reserved(url, "prefill"),
+                    "reserved_decode": replicas.reserved(url, "decode"),
+                    **engine.load(),
+                }
+                if several:
+                    sample["ejected_by"] = replicas.ejected_by(url, now)
+                samples.append(sample)
             yield env.timeout(sim.sample_interval_s)
 
     env.process(feed())
@@ -208,7 +216,7 @@ def run(
             "tokens_out": e.totals.tokens_out,
             "prefix_cache_queries": e.totals.prefix_cache_queries,
             "prefix_cache_hits": e.totals.prefix_cache_hits,
-            "times_ejected": policies.breaker.health(url).times_ejected,
+            "times_ejected": replicas.times_ejected(url),
         }
         for url, e in engines.items()
     }
@@ -220,10 +228,16 @@ def run(
         fault_windows=windows,
         samples=samples,
         conditions=conditions,
-        decisions=[d.as_dict() for d in log.entries],
+        decisions=replicas.decisions(),
         engines=totals,
         sim_end_s=end,
         delivered={rid: n for e in engines.values() for rid, n in e.totals.delivered.items()},
         wall_s=time.perf_counter() - wall_start,
         policy_seed=policy_seed,
+        replica_of=replicas.replica_of,
+        replica_ejections=[
+            sum(p.breaker.health(url).times_ejected for url in engines) for p in replicas.members
+        ]
+        if several
+        else [],
     )

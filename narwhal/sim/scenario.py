@@ -27,6 +27,7 @@ from narwhal.core.config import ConfigError, NarwhalConfig, parse_config, valida
 from narwhal.sim.faults import FaultSpec, targets
 from narwhal.sim.gpu.params import EngineParams
 from narwhal.sim.model_shape import model_shape
+from narwhal.sim.replicas import RouterReplicaSettings
 from narwhal.sim.tensor_parallel import (
     NVLINK_H200_BUS_GBPS,
     NVLINK_H200_LATENCY_US,
@@ -262,6 +263,7 @@ class Scenario(_Strict):
     workload: WorkloadSettings
     faults: tuple[FaultSpec, ...] = ()
     sim: SimSettings = SimSettings()
+    replicas: RouterReplicaSettings = RouterReplicaSettings()  # [router]
 
     def with_seed(self, seed: int | None) -> Scenario:
         if seed is None:
@@ -288,7 +290,7 @@ def _fleet_engines(fleet: FleetSettings) -> list[dict[str, str]]:
 def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
     """Validate a mapping (as read from TOML) into a :class:`Scenario`."""
     problems: list[str] = []
-    known = {*ROUTER_KEYS, "name", "description", "fleet", "workload", "faults", "sim"}
+    known = {*ROUTER_KEYS, "name", "description", "fleet", "workload", "faults", "sim", "router"}
     for key in sorted(set(data) - known):
         problems.append(
             f"  {key}: unknown key (check the spelling against docs/simulator.md); "
@@ -299,6 +301,7 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
         "fleet": FleetSettings,
         "workload": WorkloadSettings,
         "sim": SimSettings,
+        "router": RouterReplicaSettings,
     }
     for key, model in models.items():
         try:
@@ -348,6 +351,7 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
         workload=parts["workload"],
         faults=tuple(faults),
         sim=parts["sim"],
+        replicas=parts["router"],
     )
 
 
