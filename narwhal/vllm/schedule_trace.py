@@ -9,7 +9,7 @@ each one has a fixed prompt (token ids) and a fixed output length (``max_tokens`
 fast this machine runs the model.
 
 Theory of operation: run with the vLLM env's Python (``python -m narwhal.vllm.schedule_trace``,
-this checkout on ``PYTHONPATH``) and a JSON job on stdin::
+this checkout on ``PYTHONPATH``) and a JSON list of jobs on stdin, each::
 
     {"model": DIR, "engine": {"max_num_seqs": 4, ...}, "requests": [[prompt, out], ...]}
 
@@ -20,11 +20,13 @@ preempted since the previous step. The reply on stdout is JSON: ``steps`` (a lis
 ``{"tokens": {request index: n}, "preempted": [request index, ...]}``), ``block_size``,
 ``num_blocks`` and the engine's own counters from ``LLM.get_metrics()``
 (``vllm:iteration_tokens_total``'s sum and count, ``vllm:num_preemptions``, prompt and generation
-tokens), which must agree with the steps.
+tokens), which must agree with the steps. The prompts are distinct token ids (no two share a
+block), so prefix caching, if on, finds nothing.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -76,6 +78,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         elif name in ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens"):
             metrics[name] = float(metric.value)  # type: ignore[attr-defined]
     cache = scheduler.kv_cache_manager
+    del llm
     return {
         "steps": steps,
         "outputs": [len(result.outputs[0].token_ids) for result in results],
@@ -87,9 +90,14 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    job = json.load(sys.stdin)
-    record = run(job)
-    sys.stdout.write("\n" + json.dumps(record) + "\n")
+    """Read a list of jobs on stdin, run them one after another in this process (one start-up
+    of vLLM's imports for all), and write their records as one JSON list on the last line."""
+    jobs = json.load(sys.stdin)
+    records = []
+    for job in jobs:
+        records.append(run(job))
+        gc.collect()
+    sys.stdout.write("\n" + json.dumps(records) + "\n")
 
 
 if __name__ == "__main__":
