@@ -27,6 +27,7 @@ block), so prefix caching, if on, finds nothing.
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import sys
@@ -36,8 +37,9 @@ from typing import Any
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """Run ``job`` (see the module docstring) and return its record."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
-    from vllm import LLM, SamplingParams  # the vLLM env's, imported only there
-    from vllm.inputs import TokensPrompt
+    vllm = importlib.import_module("vllm")  # the vLLM env's, there only (untyped here)
+    LLM, SamplingParams = vllm.LLM, vllm.SamplingParams
+    TokensPrompt = importlib.import_module("vllm.inputs").TokensPrompt
 
     llm = LLM(model=job["model"], disable_log_stats=False, **job["engine"])
     core = llm.llm_engine.engine_core.engine_core  # the in-process EngineCore
@@ -73,10 +75,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     for metric in llm.get_metrics():
         name = metric.name
         if name == "vllm:iteration_tokens_total":
-            metrics["iteration_tokens_sum"] = float(metric.sum)  # type: ignore[attr-defined]
-            metrics["iteration_tokens_count"] = float(metric.count)  # type: ignore[attr-defined]
+            metrics["iteration_tokens_sum"] = float(metric.sum)
+            metrics["iteration_tokens_count"] = float(metric.count)
         elif name in ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens"):
-            metrics[name] = float(metric.value)  # type: ignore[attr-defined]
+            metrics[name] = float(metric.value)
     cache = scheduler.kv_cache_manager
     del llm
     return {

@@ -28,9 +28,7 @@ from narwhal.sim.timing import step_model
 URL = "http://sim-e0"
 
 
-def simulate(
-    requests: list[tuple[int, int]], **params: Any
-) -> dict[str, Any]:
+def simulate(requests: list[tuple[int, int]], **params: Any) -> dict[str, Any]:
     """Run ``requests`` ((prompt tokens, output tokens) each) on one simulated engine with
     ``params`` (EngineParams fields); the record has ``steps``, ``outputs`` and ``preemptions``
     in :mod:`narwhal.vllm.schedule_trace`'s shape."""

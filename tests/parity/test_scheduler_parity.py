@@ -22,7 +22,8 @@ def test_the_simulated_engine_schedules_what_vllm_scheduled(case: dict) -> None:
     record = case["vllm"]
     sim = simulated(case)
     expected, got = vllm_steps(record), [(s["tokens"], s["preempted"]) for s in sim["steps"]]
-    first = next((i for i, pair in enumerate(zip(expected, got)) if pair[0] != pair[1]), None)
+    pairs = enumerate(zip(expected, got, strict=False))
+    first = next((i for i, (want, have) in pairs if want != have), None)
     assert first is None and len(got) == len(expected), (
         f"first differing step {first}: vLLM {expected[first] if first is not None else None}, "
         f"sim {got[first] if first is not None else None}; steps {len(expected)} vs {len(got)}"

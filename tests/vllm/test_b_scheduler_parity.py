@@ -26,7 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_real_vllm_schedules_the_recorded_steps_and_the_sim_agrees(model_dir: Path) -> None:
     recorded = cases()
-    jobs = [{"model": str(model_dir), "engine": c["engine"], "requests": c["requests"]} for c in recorded]
+    jobs = [
+        {"model": str(model_dir), "engine": c["engine"], "requests": c["requests"]}
+        for c in recorded
+    ]
     env = dict(
         os.environ,
         PYTHONPATH=str(ROOT),
