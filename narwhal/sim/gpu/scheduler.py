@@ -1,12 +1,16 @@
 """The scheduler: which sequences each engine step runs, and what a step did to them.
 
-Rule kept here: vLLM's continuous batching, as its v1 scheduler does it. Every running decode
-is scheduled first (one token each), then the rest of the token budget
-(``max_num_batched_tokens``) goes to prefill chunks (chunked prefill), admitting waiting
-sequences first come first served while the sequence cap (``max_num_seqs``) and free KV blocks
-(beside the block manager's watermark) allow. When a decode needs a block and none is free, the
-most recently started decode is preempted (recompute preemption): its blocks are freed and it
-goes back to the head of the queue to prefill its prompt plus the tokens it already generated.
+Rule kept here: vLLM's continuous batching, as its v1 scheduler (0.32) does it, step for step
+(``tests/parity/test_scheduler_parity.py`` checks it against the real engine). Every running
+decode is scheduled first (one token each), then the running prefills' next chunks, then, in a
+step that preempted nothing, the waiting queues: pulled decodes, then waiting sequences first
+come first served, while the sequence cap (``max_num_seqs``: the running list, which pulls in
+flight are not in) and the token budget (``max_num_batched_tokens``) allow. An admission needs
+the whole sequence to fit in the free blocks but takes only its first chunk's; later chunks and
+decode tokens take theirs when scheduled. When one is short, the tail of the running list (the
+last admitted: a running prefill, else the decode that joined last) is preempted (recompute
+preemption): its blocks are freed and it goes back to the head of the queue to prefill its
+prompt plus the tokens it already generated.
 
 Theory of operation:
 - :meth:`Scheduler.plan` composes step ``s``: its prefill chunks (decodes are implied) and its
@@ -20,10 +24,12 @@ Theory of operation:
   number. A step costs O(1) plus the sequences that have something due at it.
 - A bucket entry carries the sequence's ``run``; a sequence that left the batch since has a new
   ``run``, and its old entries are skipped.
-- A decode leg whose KV lives on a producer is admitted with blocks for its prompt and first
-  pulls the KV (:class:`~narwhal.sim.gpu.handoffs.KvPull` over the
-  :class:`~narwhal.sim.kvnet.KvNetwork`); then it decodes. A finished prefill leg hands its
-  blocks off (:class:`~narwhal.sim.gpu.handoffs.Handoffs`) and its reply is the descriptor.
+- A decode leg whose KV lives on a producer is admitted with blocks for its prompt (beside
+  the blocks running prefills still need) and first pulls the KV
+  (:class:`~narwhal.sim.gpu.handoffs.KvPull` over the :class:`~narwhal.sim.kvnet.KvNetwork`);
+  once it arrived it waits in ``pulled`` for room in the batch, then decodes. A finished
+  prefill leg hands its blocks off (:class:`~narwhal.sim.gpu.handoffs.Handoffs`) and its
+  reply is the descriptor.
 - Prefix caching, as vLLM V1 does it: admission first looks up the longest cached prefix of the
   sequence's block keys (short of its last token, whose logits must be computed) and takes
   those blocks without computing them; the prefill starts after them (``prefilled`` counts
