@@ -69,7 +69,7 @@ from narwhal.live.reload import DEFAULT_POLL_S, ConfigReloader
 from narwhal.live.reporting import SHUTDOWN_MESSAGE, ModelLabels, RequestReporter, ServedRequest
 from narwhal.live.sink import AsgiSink, run_with_disconnect
 from narwhal.live.tracing import start_tracing
-from narwhal.live.transport import HttpxTransport
+from narwhal.live.transport import AiohttpTransport
 
 FLEET_QUERY_TIMEOUT_S = 2.0
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -174,7 +174,7 @@ class Router:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        transport_cm = HttpxTransport(self.clock, stalls=self.stalls)
+        transport_cm = AiohttpTransport(self.clock, stalls=self.stalls)
         async with transport_cm as transport, anyio.create_task_group() as group:
             group.start_soon(LagMonitor(self.clock, self.stalls).run)
 

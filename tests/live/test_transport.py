@@ -1,5 +1,6 @@
-"""The httpx transport over loopback: finished streams keep their connection, abandoned ones
-do not; a runaway reply is read only up to its bound."""
+"""The aiohttp transport over loopback: finished streams keep their connection, abandoned ones
+do not; a runaway reply is read only up to its bound; a read's deadline ends it without
+cancelling anything, and someone else's cancellation still propagates."""
 
 from __future__ import annotations
 
@@ -11,16 +12,27 @@ import anyio
 from narwhal.core.legs import MAX_REPLY_BYTES
 from narwhal.core.ports import Chunk, Reply, StreamOpened, TimedOut
 from narwhal.live.clock import AnyioClock
-from narwhal.live.transport import KEEPALIVE_EXPIRY_S, HttpxTransport
+from narwhal.live.transport import KEEPALIVE_EXPIRY_S, AiohttpTransport
 from narwhal.serving import BackgroundServer, bind, make_server, port_of
 from tests.live.conftest import HTTP, Emulator, RouterHandle, Servers
 
 BODY = {"prompt": "hello", "max_tokens": 3, "stream": True}
 
 
-def pooled_connections(transport: HttpxTransport) -> int:
-    pool: Any = transport.client._transport._pool  # httpx internals, read-only, for this test
-    return len(pool.connections)
+def idle_connections(transport: AiohttpTransport) -> list[Any]:
+    """The pooled connections no request holds (aiohttp internals, read-only, for these tests)."""
+    connector: Any = transport.session.connector
+    return [protocol for pool in connector._conns.values() for protocol, _ in pool]
+
+
+def busy_connections(transport: AiohttpTransport) -> int:
+    connector: Any = transport.session.connector
+    return len(connector._acquired)
+
+
+def pooled_connections(transport: AiohttpTransport) -> int:
+    """Open connections of the pool, idle or busy."""
+    return len(idle_connections(transport)) + busy_connections(transport)
 
 
 async def until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
@@ -30,13 +42,12 @@ async def until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
             await anyio.sleep(0.01)
 
 
-async def settled(transport: HttpxTransport, limit_s: float = 5.0) -> None:
-    """Wait (bounded) until no pooled connection is still busy with a scheduled close."""
-    pool: Any = transport.client._transport._pool
-    await until(lambda: all(connection.is_idle() for connection in pool.connections), limit_s)
+async def settled(transport: AiohttpTransport, limit_s: float = 5.0) -> None:
+    """Wait (bounded) until no pooled connection is still busy with a pending close."""
+    await until(lambda: busy_connections(transport) == 0 and not transport._draining, limit_s)
 
 
-async def read_to_done(transport: HttpxTransport, clock: AnyioClock, url: str) -> None:
+async def read_to_done(transport: AiohttpTransport, clock: AnyioClock, url: str) -> None:
     opened = await transport.open_stream(url, "/v1/completions", BODY, {}, clock.now() + 5)
     assert isinstance(opened, StreamOpened) and opened.status == 200
     seen = b""
@@ -52,10 +63,10 @@ def test_finished_streams_reuse_one_connection(emulator: Callable[..., Emulator]
 
     async def main() -> int:
         clock = AnyioClock()
-        async with HttpxTransport(clock) as transport:
+        async with AiohttpTransport(clock) as transport:
             for _ in range(4):
                 await read_to_done(transport, clock, engine.url)
-                await settled(transport)  # the scheduled close runs in the background
+                await settled(transport)  # a close waits (bounded) for the body's end
             return pooled_connections(transport)
 
     assert anyio.run(main) == 1
@@ -67,14 +78,15 @@ def test_abandoned_stream_drops_its_connection(emulator: Callable[..., Emulator]
 
     async def main() -> int:
         clock = AnyioClock()
-        async with HttpxTransport(clock) as transport:
+        async with AiohttpTransport(clock) as transport:
             opened = await transport.open_stream(
                 engine.url, "/v1/completions", BODY, {}, clock.now() + 5
             )
             assert isinstance(opened, StreamOpened)
             transport.close_stream(opened.handle)
-            # The close runs in the background: a bounded drain of the hung body, then close.
-            await until(lambda: opened.handle.response.is_closed)
+            # The close waits (bounded) for the end of the hung body, then drops it.
+            assert busy_connections(transport) == 1
+            await until(lambda: opened.handle.response.closed)
             await settled(transport)
             return pooled_connections(transport)
 
@@ -89,7 +101,7 @@ def test_read_deadlines_time_out_and_outer_cancellation_propagates(
 
     async def main() -> tuple[bool, bool, float, bool]:
         clock = AnyioClock()
-        async with HttpxTransport(clock) as transport:
+        async with AiohttpTransport(clock) as transport:
             opened = await transport.open_stream(
                 engine.url, "/v1/completions", BODY, {}, clock.now() + 5
             )
@@ -137,21 +149,20 @@ def test_idle_connections_expire_before_the_engines_close_them(
 
     async def main() -> list[bool]:
         clock = AnyioClock()
-        async with HttpxTransport(clock, keepalive_expiry_s=0.3) as transport:
-            pool: Any = transport.client._transport._pool
+        async with AiohttpTransport(clock, keepalive_expiry_s=0.3) as transport:
             reused: list[bool] = []
             for pause in (0.05, 0.6):
                 reply = await transport.call(
                     engine.url, "GET", "/health", None, {}, clock.now() + 5
                 )
                 assert isinstance(reply, Reply) and reply.status == 200
-                before = list(pool.connections)
+                before = idle_connections(transport)
                 await anyio.sleep(pause)
                 reply = await transport.call(
                     engine.url, "GET", "/health", None, {}, clock.now() + 5
                 )
                 assert isinstance(reply, Reply) and reply.status == 200
-                reused.append(any(c in before for c in pool.connections))
+                reused.append(any(c in before for c in idle_connections(transport)))
             return reused
 
     assert anyio.run(main) == [True, False]  # kept within the expiry, replaced after it
@@ -184,7 +195,7 @@ def test_a_runaway_reply_is_read_only_up_to_its_bound(servers: Servers) -> None:
 
     async def main() -> object:
         clock = AnyioClock()
-        async with HttpxTransport(clock) as transport:
+        async with AiohttpTransport(clock) as transport:
             return await transport.call(url, "POST", "/v1/completions", {}, {}, clock.now() + 30)
 
     reply = anyio.run(main)
@@ -223,10 +234,10 @@ def test_a_cancelled_open_closes_the_stream_it_was_reading(servers: Servers) -> 
 
     async def main() -> tuple[int, int]:
         clock = AnyioClock()
-        async with HttpxTransport(clock) as transport:
+        async with AiohttpTransport(clock) as transport:
             with anyio.move_on_after(0.3):  # the client leaves while the error body is read
                 await transport.open_stream(url, "/v1/completions", BODY, {}, clock.now() + 20)
-            # Closing the unfinished error body runs in the background (a bounded drain);
+            # Closing the unfinished error body waits (bounded) for its end, then drops it;
             # its connection leaves the pool when that close is done.
             await until(lambda: pooled_connections(transport) == 0)
             await settled(transport)
