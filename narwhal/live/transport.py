@@ -47,6 +47,7 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
 from narwhal.core.legs import MAX_REPLY_BYTES
@@ -76,8 +77,9 @@ MAX_CACHED_URLS = 1024
 # pair: 9 of 40 requests answered 503 "no engine").
 KEEPALIVE_EXPIRY_S = 2.0
 
-ENGINE_ERRORS = (aiohttp.ClientError, OSError)
-"""What a call to an engine can raise for the engine's (or the network's) fault."""
+ENGINE_ERRORS = (aiohttp.ClientError, HttpProcessingError, OSError)
+"""What a call to an engine can raise for the engine's (or the network's) fault: aiohttp's
+client errors, a response it cannot parse, a socket error."""
 
 
 def encode_json(body: Any) -> bytes:
@@ -119,13 +121,29 @@ def _finish(response: aiohttp.ClientResponse) -> None:
 class AioStream:
     """An open upstream stream (the core's opaque stream handle)."""
 
-    __slots__ = ("closed", "content", "deadline", "response")
+    __slots__ = ("closed", "connection_lost", "content", "deadline", "response")
 
     def __init__(self, response: aiohttp.ClientResponse, deadline: ReadDeadline) -> None:
         self.response = response
         self.content = response.content
         self.deadline = deadline  # ends a read that outlasts its deadline
         self.closed = False
+        # aiohttp's C parser does not tell the body's reader when a malformed body makes it drop
+        # the connection (the read would wait for its deadline): the loss ends the read instead.
+        protocol = response.connection.protocol if response.connection is not None else None
+        self.connection_lost = protocol.closed if protocol is not None else None
+        if self.connection_lost is not None:
+            self.connection_lost.add_done_callback(self._lost)
+
+    def _lost(self, _: object) -> None:
+        content = self.content
+        if not content.is_eof() and content.exception() is None:
+            content.set_exception(aiohttp.ClientPayloadError("connection lost mid-body"))
+
+    def unwatch(self) -> None:
+        if self.connection_lost is not None:
+            self.connection_lost.remove_done_callback(self._lost)
+            self.connection_lost = None
 
     @property
     def status(self) -> int:
@@ -176,11 +194,13 @@ class AiohttpTransport:
         for stream, cut in list(self._draining.items()):
             cut.cancel()
             self._cut(stream)
-        if self._releases:
-            await asyncio.gather(*self._releases, return_exceptions=True)
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        try:
+            if self._releases:
+                await asyncio.gather(*self._releases, return_exceptions=True)
+        finally:
+            if self._session is not None:
+                session, self._session = self._session, None
+                await session.close()
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -300,6 +320,7 @@ class AiohttpTransport:
             return
         stream.closed = True
         stream.deadline.disarm()
+        stream.unwatch()
         self._open.discard(stream)
         content = stream.content
         if content.is_eof() or content.exception() is not None:

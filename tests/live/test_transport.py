@@ -4,13 +4,14 @@ cancelling anything, and someone else's cancellation still propagates."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 
 from narwhal.core.legs import MAX_REPLY_BYTES
-from narwhal.core.ports import Chunk, Reply, StreamOpened, TimedOut
+from narwhal.core.ports import Chunk, ConnectFailed, Reply, StreamOpened, TimedOut
 from narwhal.live.clock import AnyioClock
 from narwhal.live.transport import KEEPALIVE_EXPIRY_S, AiohttpTransport
 from narwhal.serving import BackgroundServer, bind, make_server, port_of
@@ -281,3 +282,45 @@ def test_a_producer_without_kv_release_is_asked_once_and_releases_are_awaited(
 
     assert anyio.run(main) == (1, 2)  # asked once; the second transport's release was awaited
     assert asked == ["/kv/release", "/kv/release"]
+
+
+def test_a_malformed_engine_answer_is_a_reset_not_an_exception() -> None:
+    """An answer aiohttp cannot parse — a garbage status line, a broken chunk in the body of a
+    stream — comes back as ``ConnectFailed("reset")``; the transport raises nothing."""
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if b"/broken-chunk" in head:
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n"
+            )
+            await writer.drain()
+            await opened.wait()  # the stream is open: now break it
+            writer.write(b"ZZZ\r\nnot a chunk\r\n")
+        else:
+            writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # until the client closes
+        writer.close()
+
+    opened = asyncio.Event()
+
+    async def main() -> tuple[object, object]:
+        server = await asyncio.start_server(engine, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        clock = AnyioClock()
+        async with server, AiohttpTransport(clock) as transport:
+            garbage = await transport.call(url, "GET", "/health", None, {}, clock.now() + 5)
+            stream = await transport.open_stream(url, "/broken-chunk", BODY, {}, clock.now() + 5)
+            assert isinstance(stream, StreamOpened) and stream.status == 200
+            opened.set()
+            broken = await transport.next_chunk(stream.handle, clock.now() + 5)
+            while isinstance(broken, Chunk):  # the good bytes before the break, if apart
+                broken = await transport.next_chunk(stream.handle, clock.now() + 5)
+            transport.close_stream(stream.handle)
+        return garbage, broken
+
+    garbage, broken = anyio.run(main)
+    assert isinstance(garbage, ConnectFailed) and garbage.reason == "reset"
+    assert isinstance(broken, ConnectFailed) and broken.reason == "reset"
