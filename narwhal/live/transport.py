@@ -24,11 +24,12 @@ arrived together are one chunk. ``aiohttp.ClientConnectorError`` maps to
 
 Closing must be synchronous (the core calls :meth:`close_stream` and :meth:`release_handoff`
 from ``finally`` blocks, possibly in a cancelled task), so neither awaits anything. A stream read
-to its end gives its connection back to the pool at once. One not at its end (just after
-``[DONE]`` only the end of the chunked body is left) is drained: it stays open for up to
-``DRAIN_S`` (its reader's flow control bounds what it buffers meanwhile); if the body ends in
-time the connection goes back to the pool, else it is closed, which is how the engine learns
-that the request was abandoned (vLLM aborts it). A drain is a loop timer, not a task.
+to its end gives its connection back to the pool at once; one with unread bytes waiting (the
+engine is still streaming) is closed at once, which is how the engine learns that the request
+was abandoned (vLLM aborts it). Any other (just after ``[DONE]`` only the end of the chunked
+body is left) is drained: it stays open for up to ``DRAIN_S`` (its reader's flow control bounds
+what it buffers meanwhile); if the body ends in time the connection goes back to the pool, else
+it is closed. A drain is a loop timer, not a task.
 ``release_handoff`` POSTs the descriptor to ``<producer>/kv/release`` (Narwhal's emulator serves
 it; a real vLLM has no such endpoint) in a task the transport owns, bounded by
 ``BACKGROUND_TIMEOUT_S``: an engine that answers 404/405 is remembered and never asked again, and
@@ -116,6 +117,14 @@ def _finish(response: aiohttp.ClientResponse) -> None:
         response.release()
     else:
         response.close()
+
+
+def _unread(content: aiohttp.StreamReader) -> bool:
+    """Whether body bytes the core has not read are waiting (they are dropped)."""
+    try:
+        return bool(content.read_nowait())
+    except RuntimeError:  # a read is still waiting on it: nothing is buffered
+        return False
 
 
 class AioStream:
@@ -325,6 +334,9 @@ class AiohttpTransport:
         content = stream.content
         if content.is_eof() or content.exception() is not None:
             _finish(stream.response)
+            return
+        if _unread(content):  # the engine is still streaming: abandon it now
+            stream.response.close()
             return
         # Wait (bounded) for the end of the body: at its end the response gives its connection
         # back to the pool by itself; if it has not ended by then, the connection is dropped.
