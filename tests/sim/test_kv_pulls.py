@@ -1,5 +1,5 @@
-"""The scheduler's rules for a decode leg that pulls its KV (vLLM 0.32's ``WAITING_FOR_REMOTE_KVS``),
-at their exact boundaries: a pull starts only while the running list is below ``max_num_seqs``
+"""The scheduler's rules for a decode leg that pulls its KV (vLLM 0.32's
+``WAITING_FOR_REMOTE_KVS``), at their exact boundaries: a pull starts only while the running list is below ``max_num_seqs``
 and the budget is not spent, pulls in flight are outside the cap, its blocks leave room for what
 the running prefills still need, and once its KV arrived it waits for room in the batch and is
 scheduled ahead of new work for one token.
@@ -49,6 +49,7 @@ class Row:
     chunks: dict[str, int]  # its prefill chunks
     free: int  # free blocks after planning it
     after: dict[str, SeqState]  # each sequence's state once it was planned
+    blocks: dict[str, list[int]]  # each sequence's KV blocks once it was planned
 
     @property
     def tokens(self) -> int:
@@ -106,6 +107,7 @@ class Consumer:
                         {seq.rid: take for seq, take in planned[1]},
                         scheduler.blocks.num_free,
                         {seq.rid: seq.state for seq in self.seqs.values()},
+                        {seq.rid: list(seq.blocks) for seq in self.seqs.values()},
                     )
                 )
             return planned
@@ -371,8 +373,8 @@ def test_a_failed_pull_follows_the_kv_load_failure_policy(policy: str) -> None:
     c.engine.switches.request_faults.append(("kv_transfer_fail", 1.0, 0))
     c.local(0.0, "a", prompt=20, out=60)
     c.pull(0.0, "p", prompt=160, out=5)
-    free: list[int] = []
-    c.at(0.04, lambda: free.append(c.engine.scheduler.blocks.num_free))
+    held: list[list[int]] = []  # p's blocks while its KV was on the way
+    c.at(0.04, lambda: held.append(list(c.seqs["p"].blocks)))
     c.run()
     assert c.engine.load()["transferring"] == 0 and c.delivered("a") == 60
     assert c.engine.load()["free_blocks"] == c.engine.params.num_blocks
@@ -386,5 +388,5 @@ def test_a_failed_pull_follows_the_kv_load_failure_policy(policy: str) -> None:
         assert sum(chunks.values()) == 160  # the whole prompt, recomputed
         first = min(chunks)
         assert c.row(first - 1).at < 0.05 + 1e-9 <= c.row(first).at  # at once after the failure
-        assert all(row.free >= free[0] for row in c.rows if row.step in chunks)
+        assert len(held[0]) == 10 and all(c.row(step).blocks["p"] == held[0] for step in chunks)
         assert c.decode_steps("p") == list(range(max(chunks) + 1, max(chunks) + 5))
