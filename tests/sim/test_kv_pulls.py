@@ -1,14 +1,15 @@
 """The scheduler's rules for a decode leg that pulls its KV (vLLM 0.32's
-``WAITING_FOR_REMOTE_KVS``), at their exact boundaries: a pull starts only while the running list is below ``max_num_seqs``
-and the budget is not spent, pulls in flight are outside the cap, its blocks leave room for what
-the running prefills still need, and once its KV arrived it waits for room in the batch and is
-scheduled ahead of new work for one token.
+``WAITING_FOR_REMOTE_KVS``), at their exact boundaries: a pull starts only while the running
+list is below ``max_num_seqs`` and the budget is not spent, pulls in flight are outside the cap,
+its blocks leave room for what the running prefills still need, and once its KV arrived it waits
+for room in the batch and is scheduled ahead of new work for one token; an aborted or failed
+pull gives back what it held.
 
 One consumer engine is driven directly (real SimPy, the real scheduler); a producer's
 :class:`~narwhal.sim.gpu.handoffs.Handoffs` in the registry holds the leases the pulls take. The
 scheduler's ``plan`` is observed (the real one runs, and the record reads what it did): per
-step, each sequence's state before it, the decode batch and prefill chunks it planned, and the
-free blocks after it.
+step, each sequence's state before and after it, the decode batch and prefill chunks it planned,
+the free blocks and each sequence's blocks after it.
 """
 
 from __future__ import annotations
