@@ -263,8 +263,6 @@ def test_a_pulled_decode_joins_only_with_budget_left_and_takes_one_token(last_ch
     assert c.delivered("p") == 30
 
 
-
-
 @pytest.mark.parametrize(("pull_blocks", "admitted_at_once"), [(30, True), (31, False)])
 def test_a_pull_is_admitted_only_if_its_whole_prompt_fits_and_blocks_the_queue_if_not(
     pull_blocks: int, admitted_at_once: bool
