@@ -32,8 +32,8 @@ The ways to end a wait:
   connection (the blocked write returns or fails, and the sink reports ``TimedOut``).
 
 None of them cancels a task by hand, so none has to tell its cancellation apart from another's
-(no ``uncancel``): a task is cancelled only by asyncio's own scopes (``asyncio.timeout``) and by
-whoever owns it.
+(no ``uncancel``): a task is cancelled only by a scope (``asyncio.timeout``, anyio's task groups
+and scopes) and by whoever owns it.
 """
 
 from __future__ import annotations
