@@ -1,15 +1,15 @@
 """The ports: the only way core code touches time, engines and the client.
 
 Rule kept here: nothing in this module performs I/O. It declares the values that cross the
-boundary between the pure core and a driver (live: anyio + httpx + ASGI; simulation: SimPy), and
-the Protocols a driver implements.
+boundary between the pure core and a driver (live: aiohttp, server and engine client, on
+uvloop; simulation: SimPy), and the Protocols a driver implements.
 
-Theory of operation: core coroutines (``async def``) await only objects returned by these
-ports. Live, the port methods are real coroutines scheduled by anyio. In the simulation, they
+Theory of operation: core coroutines (``async def``) await only objects returned by these ports.
+Live, the port methods are real coroutines on the router's asyncio loop. In the simulation, they
 return small awaitables that yield a request to a driver, which turns it into SimPy events and
 sends the result back. Deadlines are absolute times on the port's clock and are passed as
-arguments; core never starts timers of its own. Writes to the client are bounded the same way
-(a deadline in, ``TimedOut`` out). Results are values, never exceptions, so that one lifecycle
+arguments; core never starts timers of its own. Writes to the client are bounded the same way (a
+deadline in, ``TimedOut`` out). Results are values, never exceptions, so that one lifecycle
 handles every outcome explicitly; their attributes are ``Final`` (the type checker refuses a
 write). The only exception that crosses a port is :class:`ClientGone` (the client went away),
 raised by the client sink, and whatever cancellation the driver uses; core cleans up in

@@ -96,7 +96,7 @@ def json_response(
 
 
 class Router:
-    """One live router: its policies, metrics and ASGI app (``router.app``)."""
+    """One live router: its policies, metrics and request handlers (``router.handle``)."""
 
     def __init__(
         self,

@@ -48,7 +48,6 @@ is noticed when its answer is written).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -159,8 +158,9 @@ class EdgeRequestHandler(HeadBoundedHandler):
             await asyncio.wait({task}, timeout=timeout)
             if not task.done():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                # its end, without taking its CancelledError for one of ours (aiohttp's
+                # handler task catches every other exception itself)
+                await asyncio.wait({task})
         self.force_close()
 
     # ------------------------------------------------------------------ the head

@@ -8,20 +8,25 @@ or how long a client may take.
 
 Theory of operation: :meth:`ResponseSink.respond` sends a complete JSON response; :meth:`commit`
 sends HTTP 200 with the SSE headers (the commit point) and :meth:`send` streams body bytes after
-it; :meth:`finish` ends a committed body. aiohttp's ``write`` waits (drains) while the
-connection's write buffer is over its high-water mark (the client is not reading); that wait is
-bounded by the write's deadline with a :class:`~narwhal.live.waits.WaitTimer` (so the router's
-own stalls do not count against the client either). A write still waiting at its deadline is
-abandoned and returns ``TimedOut``; the sink is then *cut*: every later write returns
-``TimedOut`` at once and :meth:`finish` writes nothing. :meth:`server_response` is what the
-handler returns to aiohttp: for a response left incomplete (cut, or the client gone) the
-connection is closed first, so aiohttp cannot end the body as if it were whole. :meth:`finish` is
-bounded by the deadline of the last write (it ends that write's response). A write to a closed
-connection raises ``ConnectionResetError``, which is ``ClientGone``. While the core serves,
+it; :meth:`finish` ends a committed body. aiohttp's ``write`` hands the bytes to the transport,
+then waits (drains) while the connection's write buffer is over its high-water mark (the client
+is not reading). That wait is bounded by the write's deadline with one
+:class:`WriteDeadline` per sink (a :class:`~narwhal.live.waits.Deadline`: one loop timer,
+re-armed only when a write's deadline is earlier than the armed one, so the router's own stalls
+do not count against the client and a write costs a comparison and a few assignments). A write
+still waiting at its deadline is abandoned: the timer marks the sink *cut* and aborts the
+connection, which ends aiohttp's wait (its bytes, and whatever else the transport still held,
+are dropped: the client was not reading them), and the write returns ``TimedOut``. No task is
+cancelled for it. After the cut every write returns ``TimedOut`` at once and :meth:`finish`
+writes nothing. :meth:`server_response` is what the handler returns to aiohttp: for a response
+left incomplete (cut, or the client gone) the connection is closed first, so aiohttp cannot end
+the body as if it were whole; it also disarms the sink's timer. :meth:`finish` is bounded by the
+deadline of the last write (it ends that write's response). A write to a closed connection
+raises ``ConnectionResetError``, which is ``ClientGone``. While the core serves,
 :func:`run_with_disconnect` watches the connection's end (a future the edge resolves): when the
 client leaves first it marks the sink gone and cancels the core's lifecycle, which releases
-what it holds in ``finally``. A disconnect after the response was complete is normal and
-ignored.
+what it holds in ``finally``. A disconnect after the response was complete, or caused by the
+sink's own cut, is not the client leaving and is ignored.
 """
 
 from __future__ import annotations
@@ -33,18 +38,26 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import anyio
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response, StreamResponse
 
 from narwhal.core.ports import ClientGone, Clock, TimedOut, WriteResult
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock
-from narwhal.live.waits import WaitTimer
+from narwhal.live.waits import Deadline
 
 T = TypeVar("T")
 
 _TIMED_OUT = TimedOut()
+
+
+class WriteDeadline(Deadline["ResponseSink"]):
+    """Ends a write to the client still blocked at its deadline: the sink cuts its connection."""
+
+    __slots__ = ()
+
+    def expire(self, waiter: ResponseSink) -> None:
+        waiter.cut_off()
 
 
 class ResponseSink:
@@ -60,7 +73,7 @@ class ResponseSink:
     ) -> None:
         self._request = request
         self._extra = dict(extra_headers or {})
-        self._timer = WaitTimer(clock or AnyioClock(), stalls)
+        self._timer = WriteDeadline(clock or AnyioClock(), stalls)
         self._response: StreamResponse | None = None
         self.gone = False
         self.cut = False  # a write timed out: nothing more is written
@@ -79,22 +92,16 @@ class ResponseSink:
                 write.close()
             return _TIMED_OUT
         timer = self._timer
-        task = timer.begin(deadline)
-        cancelling = task.cancelling()
+        timer.wait_begins(deadline, self)
         try:
             await write
         except OSError as error:
-            self.gone = True
-            raise ClientGone() from error
-        except asyncio.CancelledError:
-            if timer.timed_out(task, cancelling):  # our timer's, and nobody else's
-                self.cut = True
-                timer.disarm()
-                return _TIMED_OUT
-            raise
+            if not self.cut:  # lost, not cut by the deadline
+                self.gone = True
+                raise ClientGone() from error
         finally:
-            timer.end()
-        return None
+            timer.waiter = None
+        return _TIMED_OUT if self.cut else None
 
     async def respond(
         self,
@@ -132,25 +139,18 @@ class ResponseSink:
         response = self._response
         assert response is not None, "send() before commit()"
         timer = self._timer
-        task = timer.begin(deadline)
-        cancelling = task.cancelling()
+        timer.wait_begins(deadline, self)
         try:
             await response.write(data)
         except OSError:
             # aiohttp hands the data to the transport, then waits for it to drain: the
-            # connection was lost during (or before) the wait. The loss itself cancels the
-            # request (run_with_disconnect); a later write raises ClientGone.
-            self.gone = True
-            return None
-        except asyncio.CancelledError:
-            if timer.timed_out(task, cancelling):
-                self.cut = True
-                timer.disarm()
-                return _TIMED_OUT
-            raise
+            # connection was lost during (or before) the wait, or the deadline cut it. A loss
+            # cancels the request (run_with_disconnect); a later write raises ClientGone.
+            if not self.cut:
+                self.gone = True
         finally:
             timer.waiter = None
-        return None
+        return _TIMED_OUT if self.cut else None
 
     async def finish(self, last: bytes = b"") -> None:
         """End a committed body, after ``last`` (no-op when the response is complete, never
@@ -162,9 +162,19 @@ class ResponseSink:
             with contextlib.suppress(ClientGone):
                 await self._emit(response.write_eof(last), self._timer.deadline)
 
+    def cut_off(self) -> None:
+        """The write in progress outlasted its deadline: cut the client off. Aborting the
+        connection ends the write's wait (it returns, or fails with ``ConnectionResetError``),
+        and the write then reports ``TimedOut``; the connection's end is not a disconnect."""
+        self.cut = True
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
+
     def server_response(self) -> StreamResponse:
         """What the handler returns to aiohttp. A response not complete (cut, the client gone,
         or never begun) closes the connection first: aiohttp then writes nothing more."""
+        self._timer.disarm()
         response = self._response
         if response is None or not self.finished or self.gone or self.cut:
             transport = self._request.transport
@@ -178,18 +188,24 @@ async def run_with_disconnect(
 ) -> T | None:
     """Run ``work()``; cancel it when the connection closes first (then return None).
 
-    No task of its own: the connection's end is a future, and a callback on it cancels the
-    scope ``work`` runs in."""
-    with anyio.CancelScope() as scope:
+    No task of its own: the connection's end is a future, and a callback on it expires the
+    ``asyncio.timeout`` scope ``work`` runs in (a scope with no deadline of its own), so asyncio
+    itself tells that cancellation apart from any other (a shutdown's, which propagates)."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(None) as scope:
 
-        def on_close(_: asyncio.Future[None]) -> None:
-            if not sink.finished:
-                sink.gone = True
-                scope.cancel()
+            def on_close(_: asyncio.Future[None]) -> None:
+                if not sink.finished and not sink.cut:  # a cut is the sink's own doing
+                    sink.gone = True
+                    scope.reschedule(loop.time())  # expire now: cancels ``work``
 
-        closed.add_done_callback(on_close)
-        try:
-            return await work()
-        finally:
-            closed.remove_done_callback(on_close)
-    return None
+            closed.add_done_callback(on_close)
+            try:
+                return await work()
+            finally:
+                closed.remove_done_callback(on_close)
+    except TimeoutError:
+        if not scope.expired():
+            raise  # not the scope's own
+        return None

@@ -28,9 +28,12 @@ The ways to end a wait:
   ``asyncio.timeout`` with no deadline of its own that the timer expires, so the block raises
   ``TimeoutError`` and asyncio tells its cancellation apart from anyone else's (without a
   ledger, a plain ``asyncio.timeout`` for the deadline).
-- :class:`WaitTimer` cancels the waiting task and flags it; the wait's ``except
-  CancelledError`` asks :meth:`WaitTimer.timed_out` whether the cancellation was the timer's
-  alone (for a wait nothing else can interrupt).
+- :class:`narwhal.live.sink.WriteDeadline` ends a write to the client by cutting the client's
+  connection (the blocked write returns or fails, and the sink reports ``TimedOut``).
+
+None of them cancels a task by hand, so none has to tell its cancellation apart from another's
+(no ``uncancel``): a task is cancelled only by a scope (``asyncio.timeout``, anyio's task groups
+and scopes) and by whoever owns it.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncIterator
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from aiohttp import StreamReader
 
@@ -149,36 +152,3 @@ async def deadline_at(
             yield
         finally:
             timer.disarm()
-
-
-class WaitTimer(Deadline[asyncio.Task[Any]]):
-    """Ends the one wait in progress on its owner by cancelling the waiting task."""
-
-    __slots__ = ("expired",)
-
-    def __init__(self, clock: Clock, stalls: StallLedger | None) -> None:
-        super().__init__(clock, stalls)
-        self.expired = False  # the timer cancelled the waiting task
-
-    def begin(self, deadline: float) -> asyncio.Task[Any]:
-        """A wait until ``deadline`` begins in the current task (returned); call :meth:`end`
-        when it is over, and :meth:`timed_out` on a ``CancelledError``."""
-        task = asyncio.current_task()
-        assert task is not None  # a wait runs in a task
-        self.wait_begins(deadline, task)
-        return task
-
-    def end(self) -> None:
-        self.waiter = None
-
-    def timed_out(self, task: asyncio.Task[Any], cancelling: int) -> bool:
-        """Whether the cancellation ``task`` got was this timer's and nobody else's
-        (``cancelling``: ``task.cancelling()`` before the wait)."""
-        if not self.expired:
-            return False
-        self.expired = False
-        return task.uncancel() <= cancelling
-
-    def expire(self, waiter: asyncio.Task[Any]) -> None:
-        self.expired = True
-        waiter.cancel()

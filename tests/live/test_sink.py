@@ -1,0 +1,191 @@
+"""The client sink over real HTTP on loopback (the router's edge server, on uvloop): a write
+still blocked at its deadline returns ``TimedOut`` near that deadline with no task cancelled and
+the connection cut at once (not held until the client reads), a cut is not mistaken for the
+client leaving, a client that leaves cancels the work, and a cancellation from anyone else (a
+shutdown's, a timeout around it) propagates.
+
+Each test runs the server and a raw-socket client in one event loop. The client advertises a
+small receive window and does not read, so the server's writes block after kilobytes (the
+server's kernel send buffer is kept small too); every wait for an outcome is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import uvloop
+from aiohttp import web
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
+
+from narwhal.core.config import ClientSettings
+from narwhal.core.ports import ClientGone, TimedOut
+from narwhal.live.edgeprotocol import EdgeRequestHandler, EdgeServer
+from narwhal.live.sink import ResponseSink, run_with_disconnect
+from narwhal.serving import bind, port_of
+
+SMALL_BUFFER = 8192
+CHUNK = b"x" * 4096
+WRITE_TIMEOUT_S = 0.3
+REQUEST = b"GET /stream HTTP/1.1\r\nhost: test\r\n\r\n"
+
+Handler = Callable[[BaseRequest], Awaitable[StreamResponse]]
+
+
+def run(main: Callable[[], Awaitable[Any]]) -> Any:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(asyncio.wait_for(main(), 10))
+
+
+Client = Callable[[socket.socket, EdgeServer], Awaitable[None]]
+
+
+async def serve_one(handler: Handler, client: Client) -> None:
+    """Serve ``handler`` on a loopback port while ``client`` runs on a raw socket to it."""
+    sock = bind("127.0.0.1", 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)  # accepted ones inherit
+    edge = EdgeServer(handler, ClientSettings())
+    runner = web.ServerRunner(edge, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    peer = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER // 2)
+    peer.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(peer, ("127.0.0.1", port_of(sock)))
+        await asyncio.get_running_loop().sock_sendall(peer, REQUEST)
+        await client(peer, edge)
+    finally:
+        peer.close()
+        await runner.cleanup()
+
+
+async def read_to_end(peer: socket.socket, limit_s: float = 5.0) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    loop, received = asyncio.get_running_loop(), b""
+    async with asyncio.timeout(limit_s):
+        while data := await loop.sock_recv(peer, 65536):
+            received += data
+    return received
+
+
+def closed_of(request: BaseRequest) -> asyncio.Future[None]:
+    protocol = request.protocol
+    assert isinstance(protocol, EdgeRequestHandler)
+    return protocol.closed
+
+
+def test_a_write_blocked_past_its_deadline_is_cut_not_cancelled() -> None:
+    seen: dict[str, Any] = {}
+    handled = asyncio.Event()
+
+    async def handler(request: BaseRequest) -> StreamResponse:
+        sink = ResponseSink(request)
+
+        async def work() -> str:
+            assert await sink.commit({"content-type": "text/event-stream"}) is None
+            while True:
+                began = time.monotonic()
+                result = await sink.send(CHUNK, began + WRITE_TIMEOUT_S)
+                if result is not None:
+                    seen["blocked_s"] = time.monotonic() - began
+                    seen["result"] = result
+                    seen["after"] = await sink.send(CHUNK, time.monotonic() + 60)
+                    return "cut"
+
+        seen["work"] = await run_with_disconnect(closed_of(request), sink, work)
+        seen["cut"], seen["gone"] = sink.cut, sink.gone
+        handled.set()
+        return sink.server_response()
+
+    async def client(peer: socket.socket, edge: EdgeServer) -> None:
+        async with asyncio.timeout(5):
+            await handled.wait()
+            while edge.open_connections:  # freed at the cut, not when the client reads
+                await asyncio.sleep(0.01)
+        body = await read_to_end(peer)  # what reached the kernel's buffers, then the close
+        assert body.startswith(b"HTTP/1.1 200")
+        assert not body.endswith(b"\r\n0\r\n\r\n")  # never ended as if whole
+
+    run(lambda: serve_one(handler, client))
+    assert isinstance(seen["result"], TimedOut) and isinstance(seen["after"], TimedOut)
+    assert WRITE_TIMEOUT_S <= seen["blocked_s"] < WRITE_TIMEOUT_S + 1.0
+    assert seen["work"] == "cut"  # the cut's own close did not cancel the work as a disconnect
+    assert seen["cut"] and not seen["gone"]
+
+
+def test_a_client_that_leaves_cancels_the_work() -> None:
+    seen: dict[str, Any] = {}
+    handled, committed = asyncio.Event(), asyncio.Event()
+
+    async def handler(request: BaseRequest) -> StreamResponse:
+        sink = ResponseSink(request)
+
+        async def work() -> str:
+            await sink.commit({"content-type": "text/event-stream"})
+            committed.set()
+            try:
+                await asyncio.Event().wait()  # an engine that says nothing more
+            except asyncio.CancelledError:
+                seen["cancelled"] = True
+                raise
+            return "never"
+
+        seen["work"] = await run_with_disconnect(closed_of(request), sink, work)
+        seen["gone"] = sink.gone
+        with pytest.raises(ClientGone):
+            await sink.send(CHUNK, time.monotonic() + 1)
+        handled.set()
+        return sink.server_response()
+
+    async def client(peer: socket.socket, edge: EdgeServer) -> None:
+        async with asyncio.timeout(5):
+            await committed.wait()
+        peer.close()
+        async with asyncio.timeout(5):
+            await handled.wait()
+
+    run(lambda: serve_one(handler, client))
+    assert seen == {"cancelled": True, "work": None, "gone": True}
+
+
+@pytest.mark.parametrize("source", ["outer timeout", "work's own"])
+def test_another_cancellation_or_timeout_propagates(source: str) -> None:
+    seen: dict[str, Any] = {}
+    handled = asyncio.Event()
+
+    async def handler(request: BaseRequest) -> StreamResponse:
+        sink = ResponseSink(request)
+
+        async def work() -> None:
+            if source == "work's own":
+                raise TimeoutError("the work's own")
+            await asyncio.Event().wait()
+
+        try:
+            async with asyncio.timeout(0.1):  # as a shutdown's cancellation would
+                await run_with_disconnect(closed_of(request), sink, work)
+        except TimeoutError as error:
+            seen["raised"] = str(error)
+        seen["gone"] = sink.gone
+        await sink.respond(503, {"error": "stopped"}, {}, time.monotonic() + 1)
+        handled.set()
+        return sink.server_response()
+
+    async def client(peer: socket.socket, edge: EdgeServer) -> None:
+        async with asyncio.timeout(5):
+            await handled.wait()
+        loop, received = asyncio.get_running_loop(), b""
+        async with asyncio.timeout(5):
+            while b"stopped" not in received:
+                data = await loop.sock_recv(peer, 65536)
+                assert data, "closed before the answer"
+                received += data
+        assert received.startswith(b"HTTP/1.1 503")
+
+    run(lambda: serve_one(handler, client))
+    assert seen == {"raised": "the work's own" if source == "work's own" else "", "gone": False}
