@@ -136,7 +136,9 @@ def _goodput_line(axes: Any, rows: list[dict[str, Any]], which: str, r: int, rat
             axes.plot([s], [at], marker="v", ms=8, mfc="none", color=f"C{r}", ls="none")
 
 
-def _footer(old: dict[str, Any], new: dict[str, Any], old_dir: Path, new_dir: Path) -> str:
+def _footer(
+    old: dict[str, Any], new: dict[str, Any], old_dir: Path, new_dir: Path, out: Path
+) -> str:
     def about(label: str, meta: dict[str, Any]) -> str:
         pins = ", ".join(
             f"{k} = {json.dumps(v)}"
@@ -148,13 +150,13 @@ def _footer(old: dict[str, Any], new: dict[str, Any], old_dir: Path, new_dir: Pa
         return (
             f"{label}: narwhal sweep {meta.get('spec')} --seed {seed}{quick}  |  "
             f"{meta.get('runs')} runs, {meta.get('simulated_requests', 0):,} simulated requests; "
-            f"engines: {pins or 'the scenario defaults (vLLM 0.32 for the GPU and model)'}"
+            f"engines: {pins or 'as the scenario gives them (no fleet keys in [base])'}"
         )
 
     lines = [
         about("old", old),
         about("new", new),
-        f"python -m narwhal.experiments.figures.capacity_compare {old_dir} {new_dir}",
+        f"python -m narwhal.experiments.figures.capacity_compare {old_dir} {new_dir} --out {out}",
     ]
     return "\n".join(textwrap.fill(line, 190) for line in lines)
 
@@ -207,7 +209,7 @@ def draw(old_dir: Path, new_dir: Path, out: Path) -> list[Path]:
         f"capacity, old engine model against new: {old_meta.get('name')} vs {new_meta.get('name')}",
         fontsize=11,
     )
-    footer = _footer(old_meta, new_meta, old_dir, new_dir)
+    footer = _footer(old_meta, new_meta, old_dir, new_dir, out)
     fig.text(0.01, 0.01, footer, fontsize=7, va="bottom", ha="left", color="#333333")
     fig.tight_layout(rect=(0, 0.03 + 0.03 * footer.count("\n"), 1, 0.95))
     return save_figure(fig, out, STEM, list(rows[0]), rows)
