@@ -200,6 +200,7 @@ async def _cmd_throughput(client: Any, cmd: dict[str, Any]) -> dict[str, Any]:
     outcomes: Counter[str] = Counter()
     phase = {"measuring": False, "stop": False}
     seq = iter(range(10**9))
+    ttfts: list[float] = []  # of the measured requests, under this closed-loop load
 
     async def worker() -> None:
         while not phase["stop"]:
@@ -207,6 +208,8 @@ async def _cmd_throughput(client: Any, cmd: dict[str, Any]) -> dict[str, Any]:
             rec = await _one(client, target, prompt, cmd["max_tokens"], cmd["bound"], counter)
             if phase["measuring"]:
                 outcomes[rec["outcome"]] += 1
+                if rec["ttft"] is not None:
+                    ttfts.append(rec["ttft"])
 
     tasks = [asyncio.create_task(worker()) for _ in range(cmd["concurrency"])]
     await asyncio.sleep(cmd["warmup"])
@@ -223,6 +226,7 @@ async def _cmd_throughput(client: Any, cmd: dict[str, Any]) -> dict[str, Any]:
         "elapsed": elapsed,
         "outcomes": dict(outcomes),
         "all_requests": next(seq),  # warm-up included
+        "ttfts": ttfts,
     }
 
 
@@ -767,7 +771,9 @@ def aggregate(rounds: list[dict[str, Any]], name: str) -> dict[str, Any]:
     for r in rounds:
         outcomes.update(r["outcomes"])
     ok = outcomes["ok"]
+    ttfts = sorted(t for r in rounds for t in r.get("ttfts", []))
     return {
+        "ttft_p50_ms": 1e3 * statistics.median(ttfts) if ttfts else None,
         "chunks": chunks,
         "requests_ok": ok,
         "elapsed_s": elapsed,
@@ -1071,6 +1077,7 @@ def report(results: dict[str, Any]) -> str:
                     _num(t["router_cores_busy"], ".2f"),
                     _num(t["chunks_per_cpu_s"], ".0f"),
                     _num(t["cpu_ms_per_1000_chunks"], ".1f"),
+                    _num(t.get("ttft_p50_ms"), ".1f"),
                     _num(q.get("requests_per_s"), ".0f"),
                     _num(q.get("cpu_ms_per_request"), ".2f"),
                     _num(q.get("decode_conns_closed_per_100_requests"), ".0f"),
@@ -1089,7 +1096,8 @@ def report(results: dict[str, Any]) -> str:
         out.append(
             table(
                 ["target", "chunks/s", "router cores busy", "chunks/s per router core",
-                 "router CPU ms / 1000 chunks", "1-token req/s", "router CPU ms / request",
+                 "router CPU ms / 1000 chunks", "streaming TTFT p50 ms", "1-token req/s",
+                 "router CPU ms / request",
                  "decode conns closed / 100 req", "ok", "not ok"],
                 rows,
             )

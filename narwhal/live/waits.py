@@ -10,35 +10,53 @@ sockets (uvloop always does; asyncio wakes the reading task only after the timer
 an exact timer would end a wait whose reply is already in the socket and blame the engine (or
 the client) for the router's lag.
 
-Theory of operation: :class:`WaitTimer` serves a stream or a sink whose waits come one at a
-time and often (one per chunk): :meth:`WaitTimer.begin` records the wait's deadline, the ledger's
-stall total (the *mark*) and the waiting task, and arms one loop timer only when the deadline is
-earlier than the one already armed. When the timer fires it re-arms itself for the wait's
-deadline extended by the stalls since the mark if that is still ahead (or for a later deadline
-a newer wait asked for), else it cancels the waiting task and flags it, so the wait's ``except
-CancelledError`` can ask :meth:`WaitTimer.timed_out` whether the cancellation was the timer's
-alone. So a stream costs about one timer per deadline period, not one per chunk.
-:class:`DeadlineScope` is the same rule for a one-off wait: an anyio cancel scope that the timer
-cancels (``cancelled_caught`` afterwards).
+Theory of operation: a :class:`Deadline` serves waits that come one at a time, often (one per
+streamed chunk): :meth:`Deadline.wait_begins` records the wait's deadline, the ledger's stall
+total (the *mark*) and what is waiting (the *waiter*), and arms one loop timer only when the
+deadline is earlier than the one already armed. When the timer fires it re-arms itself for the
+wait's deadline extended by the stalls since the mark if that is still ahead (or for a later
+deadline a newer wait asked for), else it hands the waiter to :meth:`Deadline.expire`, which ends
+the wait in the waiter's own way. So a stream costs about one timer per deadline period, not one
+per chunk, and nothing per chunk but a comparison and three assignments.
+
+The ways to end a wait:
+
+- :class:`ReadDeadline` ends a read of an aiohttp body by setting :class:`DeadlinePassed` on its
+  ``StreamReader``: the read raises it, and no task is cancelled (a stream whose read timed out is
+  over, so poisoning its reader loses nothing).
+- :func:`deadline_at` is the same rule for a one-off wait (a call, an open): an
+  ``asyncio.timeout`` with no deadline of its own that the timer expires, so the block raises
+  ``TimeoutError`` and asyncio tells its cancellation apart from anyone else's (without a
+  ledger, a plain ``asyncio.timeout`` for the deadline).
+- :class:`WaitTimer` cancels the waiting task and flags it; the wait's ``except
+  CancelledError`` asks :meth:`WaitTimer.timed_out` whether the cancellation was the timer's
+  alone (for a wait nothing else can interrupt).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
-from types import TracebackType
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Generic, TypeVar
 
-import anyio
+from aiohttp import StreamReader
 
 from narwhal.core.ports import Clock
 from narwhal.core.stalls import StallLedger
 
+W = TypeVar("W")
 
-class WaitTimer:
-    """Ends the one wait in progress on its owner once that wait's deadline has passed."""
 
-    __slots__ = ("armed_at", "clock", "deadline", "expired", "handle", "mark", "stalls", "waiter")
+class DeadlinePassed(Exception):
+    """A read's deadline passed (set on the stream's reader by :class:`ReadDeadline`)."""
+
+
+class Deadline(Generic[W]):
+    """One loop timer for a sequence of waits; ends the wait in progress at its deadline."""
+
+    __slots__ = ("armed_at", "clock", "deadline", "handle", "mark", "stalls", "waiter")
 
     def __init__(self, clock: Clock, stalls: StallLedger | None) -> None:
         self.clock = clock
@@ -47,12 +65,10 @@ class WaitTimer:
         self.mark = 0.0  # the ledger's stall total when that wait began
         self.handle: asyncio.TimerHandle | None = None  # armed for ``armed_at``
         self.armed_at = math.inf
-        self.waiter: asyncio.Task[Any] | None = None  # the task blocked in the wait, if any
-        self.expired = False  # the timer cancelled ``waiter``
+        self.waiter: W | None = None  # what the wait in progress waits in (None: no wait)
 
-    def begin(self, deadline: float) -> asyncio.Task[Any]:
-        """A wait until ``deadline`` begins in the current task (returned); call :meth:`end`
-        when it is over, and :meth:`timed_out` on a ``CancelledError``."""
+    def wait_begins(self, deadline: float, waiter: W) -> None:
+        """A wait until ``deadline`` begins in ``waiter``; call :meth:`wait_ends` after it."""
         self.deadline = deadline
         if self.stalls is not None:
             self.mark = self.stalls.total_s
@@ -63,27 +79,22 @@ class WaitTimer:
             self.handle = asyncio.get_running_loop().call_later(
                 max(0.0, deadline - self.clock.now()), self._fire
             )
-        task = asyncio.current_task()
-        assert task is not None  # a wait runs in a task
-        self.waiter = task
-        return task
+        self.waiter = waiter
 
-    def end(self) -> None:
+    def wait_ends(self) -> None:
         self.waiter = None
 
-    def timed_out(self, task: asyncio.Task[Any], cancelling: int) -> bool:
-        """Whether the cancellation ``task`` got was this timer's and nobody else's
-        (``cancelling``: ``task.cancelling()`` before the wait)."""
-        if not self.expired:
-            return False
-        self.expired = False
-        return task.uncancel() <= cancelling
-
     def disarm(self) -> None:
+        """No more waits: cancel the timer."""
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
         self.armed_at = math.inf
+        self.waiter = None
+
+    def expire(self, waiter: W) -> None:
+        """End the wait in progress in ``waiter`` (its deadline has passed)."""
+        raise NotImplementedError
 
     def _fire(self) -> None:
         self.handle = None
@@ -99,50 +110,75 @@ class WaitTimer:
             self.armed_at = due
             self.handle = asyncio.get_running_loop().call_later(due - now, self._fire)
             return
+        self.waiter = None
+        self.expire(waiter)
+
+
+class ReadDeadline(Deadline[StreamReader]):
+    """Ends a read of an aiohttp body: the read raises :class:`DeadlinePassed`."""
+
+    __slots__ = ()
+
+    def expire(self, waiter: StreamReader) -> None:
+        waiter.set_exception(DeadlinePassed())
+
+
+class _TimeoutDeadline(Deadline[asyncio.Timeout]):
+    __slots__ = ()
+
+    def expire(self, waiter: asyncio.Timeout) -> None:
+        waiter.reschedule(asyncio.get_running_loop().time())  # expire it now
+
+
+@contextlib.asynccontextmanager
+async def deadline_at(
+    clock: Clock, stalls: StallLedger | None, deadline: float
+) -> AsyncIterator[None]:
+    """``async with deadline_at(clock, stalls, deadline):`` — the block raises
+    ``TimeoutError`` at ``deadline`` extended by the stalls during it (exactly at it without a
+    ledger); any other cancellation propagates. With a ledger the expiry takes effect at the
+    loop's next turn (``Timeout.reschedule`` to now), which only errs the router's way."""
+    if stalls is None:
+        async with asyncio.timeout(max(0.0, deadline - clock.now())):
+            yield
+        return
+    async with asyncio.timeout(None) as timeout:
+        timer = _TimeoutDeadline(clock, stalls)
+        timer.wait_begins(deadline, timeout)
+        try:
+            yield
+        finally:
+            timer.disarm()
+
+
+class WaitTimer(Deadline[asyncio.Task[Any]]):
+    """Ends the one wait in progress on its owner by cancelling the waiting task."""
+
+    __slots__ = ("expired",)
+
+    def __init__(self, clock: Clock, stalls: StallLedger | None) -> None:
+        super().__init__(clock, stalls)
+        self.expired = False  # the timer cancelled the waiting task
+
+    def begin(self, deadline: float) -> asyncio.Task[Any]:
+        """A wait until ``deadline`` begins in the current task (returned); call :meth:`end`
+        when it is over, and :meth:`timed_out` on a ``CancelledError``."""
+        task = asyncio.current_task()
+        assert task is not None  # a wait runs in a task
+        self.wait_begins(deadline, task)
+        return task
+
+    def end(self) -> None:
+        self.waiter = None
+
+    def timed_out(self, task: asyncio.Task[Any], cancelling: int) -> bool:
+        """Whether the cancellation ``task`` got was this timer's and nobody else's
+        (``cancelling``: ``task.cancelling()`` before the wait)."""
+        if not self.expired:
+            return False
+        self.expired = False
+        return task.uncancel() <= cancelling
+
+    def expire(self, waiter: asyncio.Task[Any]) -> None:
         self.expired = True
         waiter.cancel()
-
-
-class DeadlineScope:
-    """``with DeadlineScope(clock, stalls, deadline) as scope:`` — an anyio cancel scope
-    cancelled at ``deadline`` extended by the stalls during it (exactly at it without a
-    ledger); ``scope.cancelled_caught`` tells afterwards."""
-
-    __slots__ = ("_clock", "_deadline", "_handle", "_mark", "_stalls", "scope")
-
-    def __init__(self, clock: Clock, stalls: StallLedger | None, deadline: float) -> None:
-        self._clock = clock
-        self._stalls = stalls
-        self._deadline = deadline
-        self._mark = 0.0
-        self._handle: asyncio.TimerHandle | None = None
-        self.scope = anyio.CancelScope()
-
-    def __enter__(self) -> anyio.CancelScope:
-        if self._stalls is not None:
-            self._mark = self._stalls.total_s
-        left = max(0.0, self._deadline - self._clock.now())
-        self._handle = asyncio.get_running_loop().call_later(left, self._fire)
-        return self.scope.__enter__()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        return bool(self.scope.__exit__(exc_type, exc, tb))
-
-    def _fire(self) -> None:
-        self._handle = None
-        now = self._clock.now()
-        due = self._deadline
-        if self._stalls is not None:
-            due = self._stalls.extended(due, self._mark, now)
-        if due > now:
-            self._handle = asyncio.get_running_loop().call_later(due - now, self._fire)
-            return
-        self.scope.cancel()

@@ -55,12 +55,12 @@ def test_leaving_the_client_closes_its_pool(emulator: Callable[..., Emulator]) -
             result = await prefill.prefill(body)
             async for _ in decode.decode(result, body):
                 pass
-            # The stream's close runs in the background and hands the connection back to
-            # the decode client's pool (httpx internals, read-only): wait for that, bounded.
-            pool: Any = decode._transport.client._transport._pool
+            # The stream's close hands the connection back to the decode client's pool once
+            # the body has ended (aiohttp internals, read-only): wait for that, bounded.
+            connector: Any = decode._transport.session.connector
             returned = time.monotonic() + 5.0
             while time.monotonic() < returned and not (
-                pool.connections and all(c.is_idle() for c in pool.connections)
+                connector._conns and not connector._acquired
             ):
                 await anyio.sleep(0.01)
             held = [connections(producer), connections(consumer)]

@@ -1,26 +1,39 @@
-"""The httpx transport over loopback: finished streams keep their connection, abandoned ones
-do not; a runaway reply is read only up to its bound."""
+"""The aiohttp transport over loopback: finished streams keep their connection, abandoned ones
+do not; a runaway reply is read only up to its bound; a read's deadline ends it without
+cancelling anything, and someone else's cancellation still propagates."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 
 from narwhal.core.legs import MAX_REPLY_BYTES
-from narwhal.core.ports import Chunk, Reply, StreamOpened, TimedOut
+from narwhal.core.ports import Chunk, ConnectFailed, Reply, StreamOpened, TimedOut
 from narwhal.live.clock import AnyioClock
-from narwhal.live.transport import KEEPALIVE_EXPIRY_S, HttpxTransport
+from narwhal.live.transport import KEEPALIVE_EXPIRY_S, AiohttpTransport
 from narwhal.serving import BackgroundServer, bind, make_server, port_of
 from tests.live.conftest import HTTP, Emulator, RouterHandle, Servers
 
 BODY = {"prompt": "hello", "max_tokens": 3, "stream": True}
 
 
-def pooled_connections(transport: HttpxTransport) -> int:
-    pool: Any = transport.client._transport._pool  # httpx internals, read-only, for this test
-    return len(pool.connections)
+def idle_connections(transport: AiohttpTransport) -> list[Any]:
+    """The pooled connections no request holds (aiohttp internals, read-only, for these tests)."""
+    connector: Any = transport.session.connector
+    return [protocol for pool in connector._conns.values() for protocol, _ in pool]
+
+
+def busy_connections(transport: AiohttpTransport) -> int:
+    connector: Any = transport.session.connector
+    return len(connector._acquired)
+
+
+def pooled_connections(transport: AiohttpTransport) -> int:
+    """Open connections of the pool, idle or busy."""
+    return len(idle_connections(transport)) + busy_connections(transport)
 
 
 async def until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
@@ -30,13 +43,12 @@ async def until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
             await anyio.sleep(0.01)
 
 
-async def settled(transport: HttpxTransport, limit_s: float = 5.0) -> None:
-    """Wait (bounded) until no pooled connection is still busy with a scheduled close."""
-    pool: Any = transport.client._transport._pool
-    await until(lambda: all(connection.is_idle() for connection in pool.connections), limit_s)
+async def settled(transport: AiohttpTransport, limit_s: float = 5.0) -> None:
+    """Wait (bounded) until no pooled connection is still busy with a pending close."""
+    await until(lambda: busy_connections(transport) == 0 and not transport._draining, limit_s)
 
 
-async def read_to_done(transport: HttpxTransport, clock: AnyioClock, url: str) -> None:
+async def read_to_done(transport: AiohttpTransport, clock: AnyioClock, url: str) -> None:
     opened = await transport.open_stream(url, "/v1/completions", BODY, {}, clock.now() + 5)
     assert isinstance(opened, StreamOpened) and opened.status == 200
     seen = b""
@@ -52,10 +64,10 @@ def test_finished_streams_reuse_one_connection(emulator: Callable[..., Emulator]
 
     async def main() -> int:
         clock = AnyioClock()
-        async with HttpxTransport(clock) as transport:
+        async with AiohttpTransport(clock) as transport:
             for _ in range(4):
                 await read_to_done(transport, clock, engine.url)
-                await settled(transport)  # the scheduled close runs in the background
+                await settled(transport)  # a close waits (bounded) for the body's end
             return pooled_connections(transport)
 
     assert anyio.run(main) == 1
@@ -67,14 +79,15 @@ def test_abandoned_stream_drops_its_connection(emulator: Callable[..., Emulator]
 
     async def main() -> int:
         clock = AnyioClock()
-        async with HttpxTransport(clock) as transport:
+        async with AiohttpTransport(clock) as transport:
             opened = await transport.open_stream(
                 engine.url, "/v1/completions", BODY, {}, clock.now() + 5
             )
             assert isinstance(opened, StreamOpened)
             transport.close_stream(opened.handle)
-            # The close runs in the background: a bounded drain of the hung body, then close.
-            await until(lambda: opened.handle.response.is_closed)
+            # The close waits (bounded) for the end of the hung body, then drops it.
+            assert busy_connections(transport) == 1
+            await until(lambda: opened.handle.response.closed)
             await settled(transport)
             return pooled_connections(transport)
 
@@ -89,7 +102,7 @@ def test_read_deadlines_time_out_and_outer_cancellation_propagates(
 
     async def main() -> tuple[bool, bool, float, bool]:
         clock = AnyioClock()
-        async with HttpxTransport(clock) as transport:
+        async with AiohttpTransport(clock) as transport:
             opened = await transport.open_stream(
                 engine.url, "/v1/completions", BODY, {}, clock.now() + 5
             )
@@ -137,21 +150,20 @@ def test_idle_connections_expire_before_the_engines_close_them(
 
     async def main() -> list[bool]:
         clock = AnyioClock()
-        async with HttpxTransport(clock, keepalive_expiry_s=0.3) as transport:
-            pool: Any = transport.client._transport._pool
+        async with AiohttpTransport(clock, keepalive_expiry_s=0.3) as transport:
             reused: list[bool] = []
             for pause in (0.05, 0.6):
                 reply = await transport.call(
                     engine.url, "GET", "/health", None, {}, clock.now() + 5
                 )
                 assert isinstance(reply, Reply) and reply.status == 200
-                before = list(pool.connections)
+                before = idle_connections(transport)
                 await anyio.sleep(pause)
                 reply = await transport.call(
                     engine.url, "GET", "/health", None, {}, clock.now() + 5
                 )
                 assert isinstance(reply, Reply) and reply.status == 200
-                reused.append(any(c in before for c in pool.connections))
+                reused.append(any(c in before for c in idle_connections(transport)))
             return reused
 
     assert anyio.run(main) == [True, False]  # kept within the expiry, replaced after it
@@ -184,7 +196,7 @@ def test_a_runaway_reply_is_read_only_up_to_its_bound(servers: Servers) -> None:
 
     async def main() -> object:
         clock = AnyioClock()
-        async with HttpxTransport(clock) as transport:
+        async with AiohttpTransport(clock) as transport:
             return await transport.call(url, "POST", "/v1/completions", {}, {}, clock.now() + 30)
 
     reply = anyio.run(main)
@@ -223,13 +235,92 @@ def test_a_cancelled_open_closes_the_stream_it_was_reading(servers: Servers) -> 
 
     async def main() -> tuple[int, int]:
         clock = AnyioClock()
-        async with HttpxTransport(clock) as transport:
+        async with AiohttpTransport(clock) as transport:
             with anyio.move_on_after(0.3):  # the client leaves while the error body is read
                 await transport.open_stream(url, "/v1/completions", BODY, {}, clock.now() + 20)
-            # Closing the unfinished error body runs in the background (a bounded drain);
+            # Closing the unfinished error body waits (bounded) for its end, then drops it;
             # its connection leaves the pool when that close is done.
             await until(lambda: pooled_connections(transport) == 0)
             await settled(transport)
             return len(transport._open), pooled_connections(transport)
 
     assert anyio.run(main) == (0, 0)  # the stream and its connection were left open
+
+
+def test_a_producer_without_kv_release_is_asked_once_and_releases_are_awaited(
+    servers: Servers,
+) -> None:
+    """A producer answering 404 to ``/kv/release`` is never asked again; leaving the transport
+    waits for a release still in flight (an owned task, not a loose one)."""
+    asked: list[str] = []
+    answered: list[str] = []
+
+    async def no_release_engine(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert scope["type"] == "http"
+        while (await receive()).get("more_body"):
+            pass
+        asked.append(scope["path"])
+        await anyio.sleep(0.2)  # still answering when the transport is left
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        answered.append(scope["path"])
+
+    sock = bind("127.0.0.1", 0)
+    servers.start(BackgroundServer(make_server(no_release_engine, lifespan="off"), [sock]))
+    url = f"http://127.0.0.1:{port_of(sock)}"
+
+    async def main() -> tuple[int, int]:
+        clock = AnyioClock()
+        async with AiohttpTransport(clock) as transport:
+            transport.release_handoff(url, {"remote_block_ids": [1]})
+            await until(lambda: not transport._releases)
+            transport.release_handoff(url, {"remote_block_ids": [2]})  # 404 remembered
+            after_404 = len(asked)
+        async with AiohttpTransport(clock) as transport:  # a fresh one asks, and is left at once
+            transport.release_handoff(url, {"remote_block_ids": [3]})
+        return after_404, len(answered)
+
+    assert anyio.run(main) == (1, 2)  # asked once; the second transport's release was awaited
+    assert asked == ["/kv/release", "/kv/release"]
+
+
+def test_a_malformed_engine_answer_is_a_reset_not_an_exception() -> None:
+    """An answer aiohttp cannot parse — a garbage status line, a broken chunk in the body of a
+    stream — comes back as ``ConnectFailed("reset")``; the transport raises nothing."""
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if b"/broken-chunk" in head:
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n"
+            )
+            await writer.drain()
+            await opened.wait()  # the stream is open: now break it
+            writer.write(b"ZZZ\r\nnot a chunk\r\n")
+        else:
+            writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # until the client closes
+        writer.close()
+
+    opened = asyncio.Event()
+
+    async def main() -> tuple[object, object]:
+        server = await asyncio.start_server(engine, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        clock = AnyioClock()
+        async with server, AiohttpTransport(clock) as transport:
+            garbage = await transport.call(url, "GET", "/health", None, {}, clock.now() + 5)
+            stream = await transport.open_stream(url, "/broken-chunk", BODY, {}, clock.now() + 5)
+            assert isinstance(stream, StreamOpened) and stream.status == 200
+            opened.set()
+            broken = await transport.next_chunk(stream.handle, clock.now() + 5)
+            while isinstance(broken, Chunk):  # the good bytes before the break, if apart
+                broken = await transport.next_chunk(stream.handle, clock.now() + 5)
+            transport.close_stream(stream.handle)
+        return garbage, broken
+
+    garbage, broken = anyio.run(main)
+    assert isinstance(garbage, ConnectFailed) and garbage.reason == "reset"
+    assert isinstance(broken, ConnectFailed) and broken.reason == "reset"

@@ -242,7 +242,7 @@ def test_a_handoff_past_its_lease_cannot_be_pulled_even_from_an_idle_producer(
 
 
 def test_a_prompt_that_can_never_fit_the_kv_cache_is_refused_with_400() -> None:
-    # 8 blocks of 16, one kept free as the watermark: 7 x 16 - 1 = 111 prompt tokens at most
+    # 8 blocks of 16 (no watermark, as vLLM's default): 8 x 16 - 1 = 127 prompt tokens at most
     env, engine, transport = make(num_blocks=8, block_size=16)
     replies: list[Any] = []
 
@@ -250,12 +250,12 @@ def test_a_prompt_that_can_never_fit_the_kv_cache_is_refused_with_400() -> None:
         body = prefill_body(chars)
         replies.append(await transport.call(URL, "POST", "/v1/completions", body, {}, 10.0))
 
-    start(env, call(110))  # 111 tokens with the BOS: fits
-    start(env, call(111))  # 112: never could
+    start(env, call(126))  # 127 tokens with the BOS: fits
+    start(env, call(127))  # 128: never could
     env.run(until=2.0)
     fits, too_long = replies[1], replies[0]  # the refusal comes back at once, before the step
     assert isinstance(fits, Reply) and fits.status == 200
     assert isinstance(too_long, Reply) and too_long.status == 400
-    assert "maximum context length is 111 tokens" in json.loads(too_long.body)["error"]["message"]
+    assert "maximum context length is 127 tokens" in json.loads(too_long.body)["error"]["message"]
     assert not engine.scheduler.seqs
-    assert engine.load()["free_blocks"] == 8 - 7  # the handoff holds its 7 blocks
+    assert engine.load()["free_blocks"] == 0  # the handoff holds its 8 blocks (ceil(127 / 16))

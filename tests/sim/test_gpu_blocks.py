@@ -1,5 +1,6 @@
-"""The KV block manager: admission keeps the watermark free, growth may use it, and every block
-comes back (telling the engine)."""
+"""The KV block manager: admission checks the whole sequence fits but takes its first chunk's
+blocks, keeps the watermark (when set) free, growth may use it, and every block comes back
+(telling the engine)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ from narwhal.sim.gpu.blocks import BlockManager
 from narwhal.sim.gpu.sequence import Seq
 
 
-def manager(num_blocks: int = 200, block_size: int = 16) -> tuple[BlockManager, list[int]]:
+def manager(
+    num_blocks: int = 200, block_size: int = 16, watermark: float = 0.01
+) -> tuple[BlockManager, list[int]]:
     freed: list[int] = []
-    blocks = BlockManager(num_blocks, block_size, on_free=lambda: freed.append(1))
+    blocks = BlockManager(num_blocks, block_size, lambda: freed.append(1), watermark)
     return blocks, freed
 
 
 def test_admission_takes_the_blocks_its_tokens_need_and_leaves_the_watermark() -> None:
-    blocks, _ = manager(num_blocks=200)  # watermark: 2 blocks
+    blocks, _ = manager(num_blocks=200)  # watermark 1%: 2 blocks
     seq = Seq(1, "r", 100, 4)
     assert blocks.allocate(seq, 101)  # ceil(101 / 16) = 7 blocks
     assert len(seq.blocks) == 7 and blocks.num_free == 193
@@ -46,11 +49,34 @@ def test_freed_blocks_are_reused_first_and_the_engine_is_told() -> None:
     assert sorted(second.blocks) == sorted(held)
 
 
-def test_the_longest_admissible_prompt_fits_an_empty_cache_beside_the_watermark() -> None:
-    blocks, _ = manager(num_blocks=8, block_size=16)  # watermark 1: 7 blocks for a sequence
-    assert blocks.max_prompt_tokens == 7 * 16 - 1
+def test_the_watermark_applies_only_while_something_runs() -> None:
+    blocks, _ = manager(num_blocks=200)  # watermark 1%: 2 blocks
+    assert blocks.watermark == 2
+    seq = Seq(1, "r", 0, 1)
+    assert not blocks.admit(seq, 199 * 16, 16, running=True)
+    assert blocks.admit(seq, 200 * 16, 16, running=False)  # an empty engine: vLLM's rule
+    assert manager(watermark=0.0)[0].watermark == 0  # vLLM's default
+
+
+def test_admission_checks_the_whole_sequence_and_takes_its_first_chunk() -> None:
+    blocks, _ = manager(num_blocks=10, watermark=0.0)
+    seq = Seq(1, "r", 150, 1)
+    assert not blocks.admit(seq, 11 * 16, 32)  # 11 blocks never fit in 10
+    assert seq.blocks == [] and blocks.num_free == 10
+    assert blocks.admit(seq, 150, 32)  # 10 blocks would fit: takes the first chunk's 2
+    assert len(seq.blocks) == 2 and blocks.num_free == 8
+    assert blocks.grow(seq, 100) and len(seq.blocks) == 7  # the next chunks, when scheduled
+    assert blocks.grow(seq, 100) and len(seq.blocks) == 7  # nothing lacking: nothing taken
+    other = Seq(2, "o", 64, 1)
+    assert blocks.admit(other, 48, 48) and blocks.num_free == 0
+    assert not blocks.grow(seq, 150) and len(seq.blocks) == 7  # short: nothing taken
+
+
+def test_the_longest_admissible_prompt_fits_an_empty_cache() -> None:
+    blocks, _ = manager(num_blocks=8, block_size=16, watermark=0.0)
+    assert blocks.max_prompt_tokens == 8 * 16 - 1
     assert blocks.allocate(Seq(1, "r", 0, 1), blocks.max_prompt_tokens + 1)  # + first token
-    blocks2, _ = manager(num_blocks=8, block_size=16)
+    blocks2, _ = manager(num_blocks=8, block_size=16, watermark=0.0)
     assert not blocks2.allocate(Seq(1, "r", 0, 1), blocks.max_prompt_tokens + 2)
 
 

@@ -4,9 +4,11 @@ hold a cached prefix (vLLM V1's automatic prefix caching).
 Rule kept here: a block is free or held; a block that holds no cached content has exactly one
 holder (a sequence, or a producer's handoff after its sequence finished), a cached block has a
 reference count (every sequence or handoff whose prefix it is), and only this manager moves
-blocks between free and held (vLLM's ``KVCacheManager`` over its ``BlockPool``). Admission keeps
-a watermark of free blocks (1% of the cache, at least one) so that running decodes can grow;
-growth itself may use them.
+blocks between free and held (vLLM's ``KVCacheManager`` over its ``BlockPool``). Admission
+checks that the whole sequence would fit (vLLM's ``scheduler_reserve_full_isl``) but takes only
+the blocks of its first chunk; later chunks and decode growth take theirs when scheduled. A
+watermark (vLLM's ``--watermark``, a fraction of the cache, 0 by default as in vLLM) is left free
+by admissions while anything runs; growth may use it.
 
 Theory of operation: the cache is ``num_blocks`` blocks of ``block_size`` tokens with real ids
 (they travel in a producer's descriptor).
@@ -16,9 +18,10 @@ Theory of operation: the cache is ``num_blocks`` blocks of ``block_size`` tokens
   under their keys; a key already registered keeps its first block (the later one stays
   uncached).
 - :meth:`match` is vLLM's ``find_longest_cache_hit``: the blocks holding the longest run of a
-  sequence's leading keys, at most ``limit`` of them. :meth:`allocate` admits a sequence with
+  sequence's leading keys, at most ``limit`` of them. :meth:`admit` admits a sequence with
   those blocks (their reference counts rise, and a free one leaves the free queue, which counts
-  against the admission like a new block) plus new blocks for the rest.
+  against the admission like a new block) plus new blocks for its first chunk; :meth:`grow`
+  adds the blocks of each later chunk or decode token.
 - Free blocks are two queues, as vLLM's ``free_blocks`` orders its one queue: blocks holding
   nothing reusable are a stack (the most recently freed is handed out first: vLLM prepends
   them), cached blocks whose count dropped to 0 wait in least-recently-freed order
@@ -42,14 +45,21 @@ from narwhal.sim.gpu.sequence import Seq
 class BlockManager:
     """One engine's KV blocks and its prefix cache."""
 
-    def __init__(self, num_blocks: int, block_size: int, on_free: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        on_free: Callable[[], None],
+        watermark: float = 0.0,
+    ) -> None:
         self.block_size = block_size
         self.free_ids: list[int] = list(range(num_blocks - 1, -1, -1))  # holding nothing cached
-        self.watermark = max(1, num_blocks // 100)  # free blocks admission leaves for growth
+        # free blocks an admission leaves while anything runs (vLLM: int(watermark * blocks))
+        self.watermark = int(watermark * num_blocks)
         self.on_free = on_free  # called after blocks came back
         # the longest prompt ever admitted: its blocks (prompt + the first output token) fit
-        # beside the watermark in an empty cache (vLLM refuses longer ones: max_model_len)
-        self.max_prompt_tokens = (num_blocks - self.watermark) * block_size - 1
+        # an empty cache (vLLM refuses longer ones: max_model_len)
+        self.max_prompt_tokens = num_blocks * block_size - 1
         self.block_of: dict[BlockKey, int] = {}  # the cached blocks by key
         # by block id: its key (None: not cached) and, while cached, its holders (0: free)
         self.key_of: list[BlockKey | None] = [None] * num_blocks
@@ -73,14 +83,29 @@ class BlockManager:
         return hit
 
     def allocate(self, seq: Seq, tokens: int, hit: list[int] | None = None) -> bool:
-        """Give ``seq`` the blocks for ``tokens`` tokens — the cached ``hit`` blocks (from
-        :meth:`match`) for its first ones, new blocks for the rest — if that leaves the
-        watermark free."""
-        n = -(-tokens // self.block_size)
+        """Give ``seq`` the blocks for ``tokens`` tokens at once (a handoff's, a whole
+        admission): :meth:`admit` with its first chunk the whole sequence."""
+        return self.admit(seq, tokens, tokens, hit)
+
+    def admit(
+        self,
+        seq: Seq,
+        tokens: int,
+        first: int,
+        hit: list[int] | None = None,
+        reserve: int = 0,
+        running: bool = True,
+    ) -> bool:
+        """Admit ``seq`` if blocks for all its ``tokens`` tokens would fit beside ``reserve``
+        blocks (and the watermark, while anything is ``running``), and give it the cached
+        ``hit`` blocks (from :meth:`match`) plus new blocks up to its ``first`` tokens."""
+        size = self.block_size
+        watermark = self.watermark if running else 0
         if not hit:
-            free = self.free_ids
-            if len(free) + len(self.evictable) - n < self.watermark:
+            if self.num_free - reserve - watermark < -(-tokens // size):
                 return False
+            n = -(-first // size)
+            free = self.free_ids
             if len(free) >= n:
                 seq.blocks.extend(free[-n:])
                 del free[-n:]
@@ -89,8 +114,8 @@ class BlockManager:
             return True
         refs = self.refs
         reused_free = sum(1 for block in hit if refs[block] == 0)
-        n -= len(hit)
-        if self.num_free - n - reused_free < self.watermark:
+        needed = -(-tokens // size) - len(hit) + reused_free
+        if self.num_free - reserve - watermark < needed:
             return False
         evictable = self.evictable
         for block in hit:  # vLLM's touch: a free cached block leaves the free queue
@@ -99,6 +124,17 @@ class BlockManager:
                 del evictable[block]
             refs[block] = count + 1
         seq.blocks.extend(hit)
+        seq.blocks.extend(self._take(max(0, -(-first // size) - len(hit))))
+        return True
+
+    def grow(self, seq: Seq, tokens: int) -> bool:
+        """Give ``seq`` the blocks it lacks for ``tokens`` tokens (its next chunk); False, and
+        nothing taken, when too few are free."""
+        n = -(-tokens // self.block_size) - len(seq.blocks)
+        if n <= 0:
+            return True
+        if self.num_free < n:
+            return False
         seq.blocks.extend(self._take(n))
         return True
 

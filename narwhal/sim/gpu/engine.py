@@ -164,12 +164,10 @@ class SimEngine:
             return
         dt, chunks = plan
         self._step = (scheduler.it, chunks, dt, scheduler)
-        scheduler.in_step = True
         self.env.timeout(dt).callbacks.append(self._end_step)
 
     def _end_step(self, _event: simpy.Event) -> None:
         step, chunks, dt, scheduler = self._step
-        self.scheduler.in_step = False
         now = self.env.now
         if scheduler is self.scheduler:  # else the engine crashed during the step
             self.totals.steps += 1

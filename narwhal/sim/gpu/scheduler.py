@@ -1,12 +1,16 @@
 """The scheduler: which sequences each engine step runs, and what a step did to them.
 
-Rule kept here: vLLM's continuous batching, as its v1 scheduler does it. Every running decode
-is scheduled first (one token each), then the rest of the token budget
-(``max_num_batched_tokens``) goes to prefill chunks (chunked prefill), admitting waiting
-sequences first come first served while the sequence cap (``max_num_seqs``) and free KV blocks
-(beside the block manager's watermark) allow. When a decode needs a block and none is free, the
-most recently started decode is preempted (recompute preemption): its blocks are freed and it
-goes back to the head of the queue to prefill its prompt plus the tokens it already generated.
+Rule kept here: vLLM's continuous batching, as its v1 scheduler (0.32) does it, step for step
+(``tests/parity/test_scheduler_parity.py`` checks it against the real engine). Every running
+decode is scheduled first (one token each), then the running prefills' next chunks, then, in a
+step that preempted nothing, the waiting queues: pulled decodes, then waiting sequences first
+come first served, while the sequence cap (``max_num_seqs``: the running list, which pulls in
+flight are not in) and the token budget (``max_num_batched_tokens``) allow. An admission needs
+the whole sequence to fit in the free blocks but takes only its first chunk's; later chunks and
+decode tokens take theirs when scheduled. When one is short, the tail of the running list (the
+last admitted: a running prefill, else the decode that joined last) is preempted (recompute
+preemption): its blocks are freed and it goes back to the head of the queue to prefill its
+prompt plus the tokens it already generated.
 
 Theory of operation:
 - :meth:`Scheduler.plan` composes step ``s``: its prefill chunks (decodes are implied) and its
@@ -21,10 +25,12 @@ Theory of operation:
   number. A step costs O(1) plus the sequences that have something due at it.
 - A bucket entry carries the sequence's ``run``; a sequence that left the batch since has a new
   ``run``, and its old entries are skipped.
-- A decode leg whose KV lives on a producer is admitted with blocks for its prompt and first
-  pulls the KV (:class:`~narwhal.sim.gpu.handoffs.KvPull` over the
-  :class:`~narwhal.sim.kvnet.KvNetwork`); then it decodes. A finished prefill leg hands its
-  blocks off (:class:`~narwhal.sim.gpu.handoffs.Handoffs`) and its reply is the descriptor.
+- A decode leg whose KV lives on a producer is admitted with blocks for its prompt (beside
+  the blocks running prefills still need) and first pulls the KV
+  (:class:`~narwhal.sim.gpu.handoffs.KvPull` over the :class:`~narwhal.sim.kvnet.KvNetwork`);
+  once it arrived it waits in ``pulled`` for room in the batch, then decodes. A finished
+  prefill leg hands its blocks off (:class:`~narwhal.sim.gpu.handoffs.Handoffs`) and its
+  reply is the descriptor.
 - Prefix caching, as vLLM V1 does it: admission first looks up the longest cached prefix of the
   sequence's block keys (short of its last token, whose logits must be computed) and takes
   those blocks without computing them; the prefill starts after them (``prefilled`` counts
@@ -54,6 +60,7 @@ from narwhal.sim.gpu.sequence import (
     FINISHED,
     LEFT,
     PREFILL,
+    PULLED,
     STALLED,
     TRANSFER,
     WAITING,
@@ -120,9 +127,9 @@ class Scheduler:
         self.prefilling: list[Seq] = []
         self.decoding: dict[Seq, None] = {}  # in the order they joined (preemption: the last)
         self.transferring = 0
+        self.pulled: deque[Seq] = deque()  # pulls done, waiting for room in the batch
         self.ctx_base = 0  # the decode batch's total context at step s: ctx_base + len * s
         self.it = 0  # the next step's number
-        self.in_step = False  # a step is in flight (a pull done now joins after it)
         self.block_due: Due = {}
         self.out_due: Due = {}
 
@@ -155,7 +162,7 @@ class Scheduler:
             self.prefilling.remove(seq)
         elif state is TRANSFER:
             self.transferring -= 1
-        self.finish(seq)
+        self.finish(seq)  # (a PULLED one is skipped where it waits)
 
     def finish(self, seq: Seq) -> None:
         seq.state = FINISHED
@@ -176,43 +183,76 @@ class Scheduler:
         """Compose step ``step``: its duration and prefill chunks (decodes are implied); None
         when there is nothing to run."""
         params = self.params
+        preemptions = self.totals.preemptions
         if step in self.block_due:
             self._grow_blocks(step, now)
-        decodes = len(self.decoding)
-        budget = params.max_num_batched_tokens - decodes
+        budget = params.max_num_batched_tokens - len(self.decoding)
         chunks: Chunks = []
         pairs = 0.0  # (new token, earlier token) pairs the prefill attention computes
         blocks = self.blocks
         block_size = blocks.block_size
-        for seq in self.prefilling:
-            if budget <= 0:
-                break
+        prefilling = self.prefilling
+        i = 0
+        while i < len(prefilling) and budget > 0:  # the running prefills, in admission order
+            seq = prefilling[i]
             take = min(seq.need - seq.prefilled, budget)
+            if not self._grow_prefill(seq, seq.prefilled + take, step, now):
+                break  # it preempted itself: nothing behind it runs
             budget -= take
             chunks.append((seq, take))
             pairs += take * (seq.prefilled + take / 2)
             if seq.keys:  # vLLM caches the blocks a step computes when it schedules them
                 blocks.cache(seq, (seq.prefilled + take) // block_size)
-        seqs = decodes + len(self.prefilling) + self.transferring
+            i += 1
+        if self.totals.preemptions == preemptions:  # vLLM admits nothing in a step that preempts
+            budget = self._admit(step, budget, chunks)
+            pairs += sum(take * (seq.prefilled + take / 2) for seq, take in chunks[i:])
+        tokens = params.max_num_batched_tokens - budget  # decodes + prefill chunk tokens
+        if tokens <= 0:
+            return None
+        decodes = len(self.decoding)
+        context = self.ctx_base + decodes * step
+        dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs)
+        dt = self.cost.seconds(dt, decodes + len(chunks), tokens, self.rng)
+        return dt * self.switches.slow, chunks
+
+    def _admit(self, step: int, budget: int, chunks: Chunks) -> int:
+        """vLLM's waiting queues, while the sequence cap and the token budget allow: pulled
+        decodes join the batch first, then waiting sequences are admitted first come first
+        served (their first chunk goes to ``chunks``). Returns the budget left."""
+        params = self.params
+        cap = params.max_num_seqs
+        running = len(self.decoding) + len(self.prefilling)  # pulls in flight do not count
+        pulled = self.pulled
+        while pulled and running < cap and budget > 0:
+            seq = pulled.popleft()
+            if seq.state is PULLED:  # (else aborted meanwhile)
+                self._join_decode(seq, step)  # recomputes its last prompt token: one token
+                budget -= 1
+                running += 1
+        blocks = self.blocks
+        block_size = blocks.block_size
         waiting = self.waiting
-        while waiting and seqs < params.max_num_seqs:
+        while waiting and running < cap and budget > 0:
             seq = waiting[0]
             if seq.state is FINISHED:
                 waiting.popleft()
                 continue
             remote = seq.remote is not None and seq.need == 0
-            if not remote and budget <= 0:
-                break
             tokens = seq.prompt if remote else seq.need  # what it pulls or prefills
             # the longest cached prefix, short of the last token (its logits are needed)
             keys = seq.keys
             hit = blocks.match(keys, (tokens - 1) // block_size) if keys else None
-            # blocks for those tokens and the token the prefill samples
-            if not blocks.allocate(seq, tokens + 1, hit):
-                break
-            waiting.popleft()
-            seqs += 1
             cached = len(hit) * block_size if hit else 0
+            if remote:  # the whole prompt's blocks, beside what running prefills still need
+                if not blocks.admit(seq, tokens, tokens, hit, self._prefill_reserve(), running > 0):
+                    break
+                take = 0
+            else:
+                take = min(tokens - cached, budget)
+                if not blocks.admit(seq, tokens, cached + take, hit, 0, running > 0):
+                    break
+            waiting.popleft()
             seq.cached = cached
             seq.registered = len(hit) if hit else 0
             if params.prefix_caching and not seq.resumed:  # vLLM's prefix-cache counters
@@ -221,22 +261,21 @@ class Scheduler:
             if remote:
                 self._start_pull(seq)
                 continue
+            running += 1
             seq.state = PREFILL
             seq.prefilled = cached
             self.prefilling.append(seq)
-            take = min(tokens - cached, budget)
             budget -= take
             chunks.append((seq, take))
-            pairs += take * (cached + take / 2)
             if keys:
                 blocks.cache(seq, (cached + take) // block_size)
-        tokens = params.max_num_batched_tokens - budget  # decodes + prefill chunk tokens
-        if tokens <= 0:
-            return None
-        context = self.ctx_base + len(self.decoding) * step
-        dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs)
-        dt = self.cost.seconds(dt, decodes + len(chunks), tokens, self.rng)
-        return dt * self.switches.slow, chunks
+        return budget
+
+    def _prefill_reserve(self) -> int:
+        """The blocks the running prefills still need to finish (vLLM keeps them free when it
+        starts a KV pull: ``_inflight_prefill_reserved_blocks``)."""
+        size = self.blocks.block_size
+        return sum(max(0, -(-seq.need // size) - len(seq.blocks)) for seq in self.prefilling)
 
     def apply(
         self, step: int, chunks: Chunks, now: float, replies: list[tuple[Resumer, object]]
@@ -306,7 +345,9 @@ class Scheduler:
             first = min(finish, step + self.params.stream_interval - 1)
         if first < finish:
             _file(self.out_due, first, seq)
-        due = step + len(seq.blocks) * self.blocks.block_size - c0
+        # the step at which its context outgrows its blocks (a decode at step s needs
+        # c0 + s - step slots, as vLLM allocates them when it schedules the token)
+        due = step + len(seq.blocks) * self.blocks.block_size - c0 + 1
         if due <= finish:
             _file(self.block_due, max(due, step), seq)
 
@@ -317,12 +358,17 @@ class Scheduler:
         seq.state = LEFT
 
     def _preempt(self, seq: Seq, step: int, now: float) -> None:
-        """vLLM's recompute preemption: free the blocks, re-prefill prompt + generated later."""
+        """vLLM's recompute preemption of a decode: free the blocks, re-prefill prompt +
+        generated later."""
         seq.gen += step - seq.j
         self._leave_decode(seq)
         self._emit(seq, False, now)
         if seq.state is not LEFT:  # a stream fault ended or stalled it meanwhile
             return
+        self._requeue(seq)
+
+    def _requeue(self, seq: Seq) -> None:
+        """A preempted sequence gives its blocks back and waits at the head of the queue."""
         self.totals.preemptions += 1
         self.blocks.free(seq.blocks)
         seq.blocks = []
@@ -333,15 +379,38 @@ class Scheduler:
         seq.state = WAITING
         self.waiting.appendleft(seq)
 
+    def _preempt_last(self, step: int, now: float) -> Seq | None:
+        """Preempt the tail of vLLM's running list (the last admitted: a prefill if any runs,
+        else the decode that joined last); None when nothing runs."""
+        if self.prefilling:
+            victim = self.prefilling.pop()
+            self._requeue(victim)
+            return victim
+        if self.decoding:
+            victim = next(reversed(self.decoding))
+            self._preempt(victim, step, now)
+            return victim
+        return None
+
+    def _grow_prefill(self, seq: Seq, tokens: int, step: int, now: float) -> bool:
+        """Blocks for ``seq``'s next chunk (up to ``tokens``), preempting from the tail of the
+        running list while short; False when ``seq`` itself was preempted."""
+        blocks = self.blocks
+        while not blocks.grow(seq, tokens):
+            if self._preempt_last(step, now) is seq:
+                return False
+        return True
+
     def _grow_blocks(self, step: int, now: float) -> None:
         """Give every decode due a block at ``step`` one more, preempting when short."""
         due = self.block_due.pop(step)
         blocks = self.blocks
         if blocks.num_free < len(due):  # perhaps short of blocks (stale entries count here too)
             needing = [seq for seq, run in due if seq.run == run]
-            while blocks.num_free < len(needing) and self.decoding:
-                victim = next(reversed(self.decoding))
-                self._preempt(victim, step, now)
+            while blocks.num_free < len(needing):
+                victim = self._preempt_last(step, now)
+                if victim is None:  # pragma: no cover - a decode due is running
+                    break
                 needing = [seq for seq in needing if seq is not victim]
             due = [(seq, seq.run) for seq in needing]
         nxt = step + blocks.block_size
@@ -419,7 +488,8 @@ class Scheduler:
             if ok and pull.arrived(self.registry, self.env.now):
                 if seq.keys:  # vLLM caches a pulled prompt's blocks once they arrived
                     self.blocks.cache(seq, len(seq.blocks))
-                self._join_decode(seq, self.it + 1 if self.in_step else self.it)
+                seq.state = PULLED  # it joins the batch at the next step with room for it
+                self.pulled.append(seq)
                 self.wake()
             elif self.params.kv_load_failure_policy == "recompute":
                 # silently recompute what the local prefix cache did not hold (blocks are held)

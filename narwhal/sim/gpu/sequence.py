@@ -7,8 +7,10 @@ HTTP surface on an abort.
 
 Theory of operation: a sequence waits (``WAITING``), is admitted with KV blocks and then either
 prefills (``PREFILL``) or, as a decode leg whose KV lives on a producer, pulls it
-(``TRANSFER``); it then decodes (``DECODE``) until it finishes (``FINISHED``). Preemption takes
-a decode out of the batch (``LEFT``) and back to ``WAITING``; a stall fault leaves it
+(``TRANSFER``, then ``PULLED`` until the batch has room for it, as vLLM's
+``WAITING_FOR_REMOTE_KVS`` requests wait outside its running list); it then decodes (``DECODE``)
+until it finishes (``FINISHED``). Preemption takes a decode out of the batch (``LEFT``), or a
+prefill out of the prefilling list, and back to ``WAITING``; a stall fault leaves it
 ``STALLED`` (its stream open and silent) until the router aborts it. ``run`` counts the times
 it left the batch: entries the scheduler filed under an older ``run`` are stale and skipped.
 
@@ -31,6 +33,7 @@ class SeqState(enum.Enum):
     WAITING = "waiting"  # in the FCFS queue (new, or preempted and back at its head)
     PREFILL = "prefill"  # admitted with blocks: its prompt (plus any output) is prefilled
     TRANSFER = "transfer"  # admitted remote decode: its KV is being pulled from the producer
+    PULLED = "pulled"  # its KV arrived: it waits for a place in the batch (the sequence cap)
     DECODE = "decode"  # in the decode batch: one token per step
     LEFT = "left"  # just taken out of the decode batch (preempted, finishing or stalling)
     STALLED = "stalled"  # a stall fault: the stream stays open and says nothing more
@@ -42,6 +45,7 @@ class SeqState(enum.Enum):
 WAITING: Final = SeqState.WAITING
 PREFILL: Final = SeqState.PREFILL
 TRANSFER: Final = SeqState.TRANSFER
+PULLED: Final = SeqState.PULLED
 DECODE: Final = SeqState.DECODE
 LEFT: Final = SeqState.LEFT
 STALLED: Final = SeqState.STALLED
