@@ -97,11 +97,16 @@ def compare_rows(old: list[dict[str, str]], new: list[dict[str, str]]) -> list[d
     return rows
 
 
-def _goodput_line(axes: Any, rows: list[dict[str, Any]], which: str, r: int, ratio: str) -> None:
-    """One sweep's goodput against fleet size for one ratio; "below" points as open triangles."""
+def _goodput_line(
+    axes: Any, rows: list[dict[str, Any]], which: str, r: int, ratio: str, shift: float
+) -> None:
+    """One sweep's goodput against fleet size for one ratio, drawn ``shift`` to the side (old
+    and new apart, so their error bars do not hide each other); "below" points as open
+    triangles."""
     solid = which == "new"
     mine = {row["fleet_size"]: row for row in rows if row["pd_ratio"] == ratio}
     sizes = sorted(mine)
+    xs = [s + shift for s in sizes]
     ys = [
         math.nan
         if mine[s][f"{which}_goodput_bound"] == "below"
@@ -115,7 +120,7 @@ def _goodput_line(axes: Any, rows: list[dict[str, Any]], which: str, r: int, rat
     ]
     marker = MARKERS[r % len(MARKERS)]
     axes.errorbar(
-        sizes,
+        xs,
         ys,
         yerr=errors,
         marker=marker,
@@ -126,14 +131,14 @@ def _goodput_line(axes: Any, rows: list[dict[str, Any]], which: str, r: int, rat
         capsize=3,
         label=f"P:D = {ratio}, {which} model",
     )
-    for s in sizes:
+    for s, x in zip(sizes, xs, strict=True):
         if mine[s][f"{which}_goodput_bound"] == "below":
             lowest = min(
                 (row for row in rows if row["fleet_size"] == s and row["pd_ratio"] == ratio),
                 key=lambda row: row["rate_multiplier"],
             )
             at = lowest[f"{which}_offered_rps_per_engine"] * s
-            axes.plot([s], [at], marker="v", ms=8, mfc="none", color=f"C{r}", ls="none")
+            axes.plot([x], [at], marker="v", ms=8, mfc="none", color=f"C{r}", ls="none")
 
 
 def _footer(
@@ -170,9 +175,12 @@ def draw(old_dir: Path, new_dir: Path, out: Path) -> list[Path]:
     sizes = sorted({row["fleet_size"] for row in rows})
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.6))
+    step = (sizes[-1] - sizes[0]) / max(len(sizes) - 1, 1) or 1.0
+    series = len(ratios) * 2
     for r, ratio in enumerate(ratios):
-        for which in ("old", "new"):
-            _goodput_line(left, rows, which, r, ratio)
+        for w, which in enumerate(("old", "new")):  # each series a little to the side
+            shift = (2 * r + w - (series - 1) / 2) * 0.025 * step
+            _goodput_line(left, rows, which, r, ratio, shift)
     left.set_xticks(sizes)
     left.set_ylim(bottom=0)
     left.set_xlabel("fleet size (engines)")
@@ -198,7 +206,7 @@ def draw(old_dir: Path, new_dir: Path, out: Path) -> list[Path]:
             )
     bar = float(new_meta.get("goodput", {}).get("attainment_pct", 90.0))
     right.axhline(bar, color="#555555", ls=":", lw=1)
-    right.text(right.get_xlim()[0], bar, f" {bar:g}% bar", va="bottom", fontsize=8)
+    right.text(right.get_xlim()[1], bar, f"{bar:g}% bar ", va="bottom", ha="right", fontsize=8)
     right.set_xlabel("offered load (req/s per engine)")
     right.set_ylabel("SLO attainment (% of requests on time)")
     right.set_ylim(0, 101)
