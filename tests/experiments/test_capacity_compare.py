@@ -66,7 +66,7 @@ def sweeps(tmp_path: Path) -> tuple[Path, Path]:
                  {(4, "1:1"): (8.0, ""), (4, "3:1"): (10.0, ""), (8, "1:1"): (20.0, ""),
                   (8, "3:1"): (0.0, "below")}, attainment_drop=20.0)  # fmt: skip
     _write_sweep(new, "capacity",
-                 {(4, "1:1"): (6.0, ""), (4, "3:1"): (11.0, ""), (8, "1:1"): (15.0, ""),
+                 {(4, "1:1"): (6.0, ""), (4, "3:1"): (0.0, "below"), (8, "1:1"): (15.0, ""),
                   (8, "3:1"): (12.0, "")}, attainment_drop=30.0)  # fmt: skip
     return old, new
 
@@ -85,9 +85,11 @@ def test_writes_the_png_and_the_paired_csv(sweeps: tuple[Path, Path], tmp_path: 
     assert (first["old_goodput_rps"], first["new_goodput_rps"]) == ("8.0", "6.0")
     assert first["goodput_change_pct"] == "-25.0"
     assert (first["old_slo_attainment_pct"], first["new_slo_attainment_pct"]) == ("90.0", "85.0")
+    assert by_point[("4", "3:1", "0.5")]["goodput_change_pct"] == "nan"  # new one below
     below = by_point[("8", "3:1", "1.0")]
     assert (below["old_goodput_bound"], below["new_goodput_bound"]) == ("below", "")
     assert below["goodput_change_pct"] == "nan"  # no change against a goodput under the rates
+    assert by_point[("8", "1:1", "1.0")]["goodput_change_pct"] == "-25.0"
 
 
 def test_refuses_sweeps_over_different_points(

@@ -11,7 +11,8 @@ Theory of operation: :func:`compare_rows` pairs the two ``capacity.csv`` files r
 fleet size, the old sweep dashed with open markers and the new one solid, and, right, the SLO
 attainment curves of the largest fleet, old dashed and new solid; the footer names each sweep's
 ``[base]`` (where the engine model is pinned), its command and the command that redraws this
-figure. ``capacity-compare.csv`` holds every paired row with the goodput change in percent.
+figure. ``capacity-compare.csv`` holds every paired row with the goodput change in percent (``nan``
+where either goodput is only a bound: below the lowest rate tried or above the highest).
 
     python -m narwhal.experiments.figures.capacity_compare OLD_DIR NEW_DIR --out DIR
 """
@@ -73,7 +74,8 @@ def compare_rows(old: list[dict[str, str]], new: list[dict[str, str]]) -> list[d
     for key in olds:  # the old sweep's order: its grid's
         o, n = olds[key], news[key]
         old_goodput, new_goodput = _number(o["goodput_rps"]), _number(n["goodput_rps"])
-        change = (new_goodput / old_goodput - 1.0) * 100.0 if old_goodput > 0 else math.nan
+        bounded = o["goodput_bound"] or n["goodput_bound"]  # a bound, not a number: no change
+        change = math.nan if bounded else (new_goodput / old_goodput - 1.0) * 100.0
         rows.append(
             {
                 "fleet_size": key[0],
