@@ -77,6 +77,7 @@ _FITTED_ONLY = (
     "link_bandwidth_gbps",
     "link_setup_ms",
     "topology",
+    "tp_allreduce",
     "tp_allreduce_gbps",
     "tp_allreduce_latency_us",
 )
@@ -98,7 +99,9 @@ class FleetSettings(_Strict):
     gpu_memory_gb: float = Field(141.0, gt=0)  # total device memory, 1e9 bytes
     gpu_memory_utilization: float = Field(DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
     usage_context: UsageContext = "api_server"  # vllm serve; "llm_class": vllm.LLM(...)
-    # tensor-parallel all-reduce (TP > 1 models): NCCL bus bandwidth GB/s and latency per call
+    # tensor-parallel all-reduce (TP > 1 models): NCCL bus bandwidth GB/s and latency per call;
+    # tp_allreduce = false leaves it out (the one-shard step alone, as the profile measured it)
+    tp_allreduce: bool = True
     tp_allreduce_gbps: float = Field(NVLINK_H200_BUS_GBPS, gt=0)
     tp_allreduce_latency_us: float = Field(NVLINK_H200_LATENCY_US, ge=0)
     step_overhead_ms: float = Field(2.0, ge=0)  # host work of every step
@@ -193,6 +196,8 @@ class FleetSettings(_Strict):
         """The engines' timing model: fitted to the profile (plus the all-reduces of a TP > 1
         model), or the emulator's linear one."""
         fitted = step_model(self.model)
+        if self.timing == "fitted" and not self.tp_allreduce:
+            return fitted
         if self.timing == "fitted":
             return with_allreduce(
                 fitted,

@@ -167,7 +167,8 @@ def test_cli_refuses_a_bad_spec_with_exit_2(
 
 
 @pytest.mark.parametrize(
-    "name", ["tuning", "retries", "capacity", "diffuse", "routing", "routing-shared"]
+    "name",
+    ["tuning", "retries", "capacity", "capacity-old-model", "diffuse", "routing", "routing-shared"],
 )
 def test_shipped_recipes_are_valid_full_and_quick(name: str) -> None:
     spec = load_spec(EXPERIMENTS / f"{name}.toml")

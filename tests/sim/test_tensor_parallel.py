@@ -54,6 +54,38 @@ def test_allreduce_parameters_are_the_scenarios() -> None:
         FleetSettings(prefill=1, decode=1, timing="linear", tp_allreduce_gbps=100.0)
 
 
+def test_allreduce_can_be_left_out() -> None:
+    # tp_allreduce = false: the one-shard step the profile measured, whatever the TP
+    shard = step_model("llama3-70b-tp4")
+    off = FleetSettings(prefill=1, decode=1, model="llama3-70b-tp4", tp_allreduce=False)
+    assert off.step_timing() is shard
+    with pytest.raises(ValueError, match="tp_allreduce"):
+        FleetSettings(prefill=1, decode=1, timing="linear", tp_allreduce=False)
+
+
+def test_rank_links_at_a_quarter_bandwidth_match_one_link() -> None:
+    # what experiments/capacity-old-model.toml relies on: 4 ranks at b/4 GB/s each take, for
+    # every mix of concurrent pulls, the time of one link at b GB/s (each rank link carries the
+    # same quarter of every transfer)
+    def finish_times(ranks: int, gbps: float) -> list[float]:
+        env = simpy.Environment()
+        net = KvNetwork(env, bandwidth_gbps=gbps, setup_s=0.001, ranks=ranks)
+        times: list[float] = []
+
+        def start(nbytes: float, delay: float) -> None:
+            timer = env.timeout(delay)
+            timer.callbacks.append(
+                lambda _e: net.transfer("p", "c", nbytes, lambda ok: times.append(env.now))
+            )
+
+        for nbytes, delay in ((4e9, 0.0), (1e9, 0.02), (2e9, 0.05)):
+            start(nbytes, delay)
+        env.run()
+        return times
+
+    assert finish_times(4, 10.0) == pytest.approx(finish_times(1, 40.0), abs=1e-9)
+
+
 def test_each_rank_pulls_its_shard_on_its_own_link() -> None:
     env = simpy.Environment()
     net = KvNetwork(env, bandwidth_gbps=10.0, setup_s=0.001, ranks=4)

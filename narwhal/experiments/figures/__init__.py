@@ -18,6 +18,9 @@ this package only draws.
 - ``routing``: routing policies across offered load (client TTFT p50/p90, TPOT, attainment,
   rejections, prefix-cache hit rate, goodput), the recommended policy and the default marked.
 
+``capacity_compare`` is not a recipe: run with ``python -m``, it draws two finished capacity
+sweeps' files over each other (an old engine model against a new one).
+
 Each recipe module exposes ``draw(result, options, out) -> list[Path]``; it is imported only
 when its figures are drawn (matplotlib is not loaded otherwise).
 """
