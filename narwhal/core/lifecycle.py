@@ -17,7 +17,8 @@ Theory of operation (one attempt):
 4. The first generated token is the commit point: the client gets HTTP 200 then (metadata that
    came before it is flushed right behind the headers). Before it, every fault is an ordinary
    HTTP error and may be retried; after it, a fault ends the stream with one terminal
-   ``data: {"error": ...}`` event.
+   ``data: {"error": ...}`` event. What one read of the decode stream carries goes to the client
+   in one write, the final ``[DONE]`` included (after the consumer is credited with success).
 Per-request disaggregation (:mod:`narwhal.core.routing.disagg`) may skip steps 1-2: a short
 uncached prompt, or no placeable producer with ``no_producer = "local"``, goes straight to a
 consumer that computes the prompt itself (the contract's same-worker path).
