@@ -6,8 +6,9 @@ Usage (from the repository root; the peers live in their own venv, see benchmark
 
 Routers: Narwhal (``narwhal serve``), vllm-router 0.1.17 (``--vllm-pd-disaggregation``),
 smg 1.13.0 (``smg launch --pd-disaggregation``, workers from a file manifest naming the
-NixlConnector), and a naive Starlette + httpx proxy (benchmarks/naive_proxy.py). Every engine is
-``narwhal emulate`` with all timing set to zero, on 127.0.0.1, started through
+NixlConnector), a naive Starlette + httpx proxy (benchmarks/naive_proxy.py) and a logic-free relay
+on aiohttp and uvloop (benchmarks/aiohttp_relay.py: the floor of Narwhal's own HTTP stack). Every
+engine is ``narwhal emulate`` with all timing set to zero, on 127.0.0.1, started through
 benchmarks/nodelay.py (TCP_NODELAY on its connections, as a real vLLM has). docs/benchmarks.md
 explains the method and the results.
 
@@ -64,7 +65,7 @@ PY = ROOT / ".venv" / "bin" / "python"
 NARWHAL = ROOT / ".venv" / "bin" / "narwhal"
 NODELAY = BENCH / "nodelay.py"  # engines with TCP_NODELAY, like a real vLLM (see nodelay.py)
 MODEL = "tiny-llama"
-ROUTERS = ("narwhal", "vllm-router", "smg", "naive")
+ROUTERS = ("narwhal", "vllm-router", "smg", "naive", "aiohttp-relay")
 EXTRA = "narwhal-nodelay"  # Narwhal with TCP_NODELAY on its client side (--narwhal-nodelay)
 PROMPT_FILLER = "Summarize the quarterly report of the northern fisheries cooperative. "
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -552,6 +553,13 @@ def router_spec(name: str, fleet: Fleet, workdir: Path, request_timeout: float) 
         for engine in fleet.decodes:
             argv += ["--decode", engine.url]
         flags = "round robin, no retries, no breaker, no timeout but connect (5 s)"
+    elif name == "aiohttp-relay":  # the floor of a Python relay on Narwhal's HTTP stack
+        argv = [str(PY), str(BENCH / "aiohttp_relay.py"), "--port", str(port)]
+        for engine in fleet.prefills:
+            argv += ["--prefill", engine.url]
+        for engine in fleet.decodes:
+            argv += ["--decode", engine.url]
+        flags = "logic-free relay on aiohttp + uvloop: round robin, no timeouts, no checks"
     else:
         raise ValueError(name)
     return RouterSpec(name, url, argv, flags)

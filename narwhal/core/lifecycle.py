@@ -17,7 +17,8 @@ Theory of operation (one attempt):
 4. The first generated token is the commit point: the client gets HTTP 200 then (metadata that
    came before it is flushed right behind the headers). Before it, every fault is an ordinary
    HTTP error and may be retried; after it, a fault ends the stream with one terminal
-   ``data: {"error": ...}`` event.
+   ``data: {"error": ...}`` event. What one read of the decode stream carries goes to the client
+   in one write, the final ``[DONE]`` included (after the consumer is credited with success).
 Per-request disaggregation (:mod:`narwhal.core.routing.disagg`) may skip steps 1-2: a short
 uncached prompt, or no placeable producer with ``no_producer = "local"``, goes straight to a
 consumer that computes the prompt itself (the contract's same-worker path).
@@ -445,9 +446,9 @@ class _Lifecycle:
                     elif not assembler.take(event):
                         return assembler.too_large(consumer)
                 else:  # DONE after at least one token: the reader returns nothing after it
-                    if out:
-                        await self._send(b"".join(out), now)
-                    await self._succeed(consumer, at, event.wire(), assembler)
+                    if assembler is None:
+                        out.append(event.wire())  # the read's last events and [DONE]: one write
+                    await self._succeed(consumer, at, out, assembler)
                     return None
             if out:
                 await self._send(b"".join(out), now)
@@ -464,8 +465,10 @@ class _Lifecycle:
                 return leg.fault
 
     async def _succeed(
-        self, consumer: str, now: float, done_wire: bytes, assembler: ResponseAssembler | None
+        self, consumer: str, now: float, out: list[bytes], assembler: ResponseAssembler | None
     ) -> None:
+        """The stream reached ``[DONE]``: credit the consumer, then send ``out`` (a stream's
+        last events, ``[DONE]`` included) or the assembled response."""
         self.policies.breaker.on_success(consumer, self._epochs[consumer], now, phase="decode")
         self.final = (200, "ok", None)
         if self.policies.log.enabled:
@@ -478,7 +481,7 @@ class _Lifecycle:
                 committed=self.committed,
             )
         if assembler is None:
-            await self._send(done_wire, self.ports.clock.now())
+            await self._send(b"".join(out), self.ports.clock.now())
         else:
             await self._respond(200, assembler.result(), {})
 

@@ -32,7 +32,7 @@ import contextlib
 import hmac
 import logging
 import re
-import uuid
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from functools import partial
 from pathlib import Path
@@ -265,7 +265,7 @@ class Router:
         given = headers.get("x-request-id")
         if given is not None and CLIENT_REQUEST_ID.fullmatch(given):
             return given
-        return f"req-{uuid.uuid4().hex}"
+        return f"req-{secrets.token_hex(16)}"
 
     # ------------------------------------------------------------------ plain endpoints
 

@@ -329,6 +329,8 @@ class RouterMetrics:
         )
 
         self._per_model: dict[str, _ModelSeries] = {}
+        # narwhal_requests children by (outcome, status, model): bounded sets, each looked up once
+        self._request_counts: dict[tuple[str, int, str], Any] = {}
 
     def attach(self, policies: Policies, clock: AnyioClock) -> None:
         """Start collecting the fleet gauges of ``policies``."""
@@ -340,7 +342,13 @@ class RouterMetrics:
 
     def on_record(self, record: RequestRecord, model: str) -> None:
         """Count one finished request; ``model`` is its label (bounded: ``ModelLabels``)."""
-        self.requests.labels(record.outcome, str(record.status), model).inc()
+        key = (record.outcome, record.status, model)
+        count = self._request_counts.get(key)
+        if count is None:
+            count = self._request_counts[key] = self.requests.labels(
+                record.outcome, str(record.status), model
+            )
+        count.inc()
         self.attempts.inc(record.attempts)
         series = self._per_model.get(model)
         if series is None:  # once per label value (a bounded set)

@@ -182,6 +182,17 @@ class RequestReporter:
     def report(self, record: RequestRecord, served: ServedRequest | None) -> None:
         model = served.model if served is not None else UNKNOWN_MODEL
         self.metrics.on_record(record, model)
+        if request_log.isEnabledFor(logging.INFO):
+            self._log_line(record, model)
+        if served is not None and served.trace is not None:
+            trace, served.trace = served.trace, None
+            attributes = {"http.route": served.endpoint, "narwhal.model": model}
+            if served.requested_model is not None:
+                attributes["gen_ai.request.model"] = served.requested_model
+            trace.finish(record, attributes)
+
+    def _log_line(self, record: RequestRecord, model: str) -> None:
+        """The request's one JSON log line (built only when ``narwhal.requests`` logs INFO)."""
         line = {
             "event": "request",
             "request_id": record.request_id,
@@ -200,9 +211,3 @@ class RequestReporter:
             "error": record.error,
         }
         request_log.info(json.dumps(line))
-        if served is not None and served.trace is not None:
-            trace, served.trace = served.trace, None
-            attributes = {"http.route": served.endpoint, "narwhal.model": model}
-            if served.requested_model is not None:
-                attributes["gen_ai.request.model"] = served.requested_model
-            trace.finish(record, attributes)

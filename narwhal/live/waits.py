@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from types import TracebackType
 from typing import Generic, TypeVar
 
 from aiohttp import StreamReader
@@ -127,28 +127,42 @@ class ReadDeadline(Deadline[StreamReader]):
 
 
 class _TimeoutDeadline(Deadline[asyncio.Timeout]):
-    __slots__ = ()
+    """:func:`deadline_at` with a ledger: an ``asyncio.timeout`` with no deadline of its own,
+    which this timer expires. A class, not a generator-based context manager: every engine
+    call and every stream open enters one."""
+
+    __slots__ = ("at", "timeout")
+
+    def __init__(self, clock: Clock, stalls: StallLedger, deadline: float) -> None:
+        super().__init__(clock, stalls)
+        self.at = deadline
+        self.timeout = asyncio.timeout(None)
+
+    async def __aenter__(self) -> None:
+        await self.timeout.__aenter__()
+        self.wait_begins(self.at, self.timeout)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.disarm()
+        await self.timeout.__aexit__(exc_type, exc, tb)
 
     def expire(self, waiter: asyncio.Timeout) -> None:
         waiter.reschedule(asyncio.get_running_loop().time())  # expire it now
 
 
-@contextlib.asynccontextmanager
-async def deadline_at(
+def deadline_at(
     clock: Clock, stalls: StallLedger | None, deadline: float
-) -> AsyncIterator[None]:
+) -> contextlib.AbstractAsyncContextManager[object]:
     """``async with deadline_at(clock, stalls, deadline):`` — the block raises
     ``TimeoutError`` at ``deadline`` extended by the stalls during it (exactly at it without a
     ledger); any other cancellation propagates. With a ledger the expiry takes effect at the
     loop's next turn (``Timeout.reschedule`` to now), which only errs the router's way."""
     if stalls is None:
-        async with asyncio.timeout(max(0.0, deadline - clock.now())):
-            yield
-        return
-    async with asyncio.timeout(None) as timeout:
-        timer = _TimeoutDeadline(clock, stalls)
-        timer.wait_begins(deadline, timeout)
-        try:
-            yield
-        finally:
-            timer.disarm()
+        return asyncio.timeout(max(0.0, deadline - clock.now()))
+    return _TimeoutDeadline(clock, stalls, deadline)
+
