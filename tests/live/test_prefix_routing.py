@@ -93,6 +93,15 @@ def rises(
     return queried[0], [b[1] - a[1] for a, b in zip(before, after, strict=True)]
 
 
+# the long shared prompts take the emulators a while on a loaded machine; a timeout here would
+# retry a leg on another engine and blur the counters the tests read
+PATIENT = {
+    "first_token_timeout_s": 10.0,
+    "decode_read_timeout_s": 10.0,
+    "request_timeout_s": 30.0,
+    "max_handoff_age_s": 10.0,
+}
+
 def run(servers: Servers, policy: str) -> Run:
     """The workload through a fresh fleet (empty caches) whose both phases use ``policy``."""
     producers = [start_emulator(servers, "prefill") for _ in range(2)]
@@ -100,7 +109,11 @@ def run(servers: Servers, policy: str) -> Run:
     engines = [{"url": e.url, "role": "prefill"} for e in fleet.producers]
     engines += [{"url": e.url, "role": "decode"} for e in fleet.consumers]
     handle = start_router(
-        servers, engines, routing={"prefill": policy, "decode": policy}, seed=SEED
+        servers,
+        engines,
+        routing={"prefill": policy, "decode": policy},
+        seed=SEED,
+        engine=PATIENT,  # placement is measured here, not timeouts: one leg each, never retried
     )
     client = handle.client()
     seen_p, seen_c = counters(fleet.producers), counters(fleet.consumers)
