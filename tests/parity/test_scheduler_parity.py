@@ -10,6 +10,8 @@ prefill (a KV cache of a few blocks).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.parity.schedules import cases, metrics_from_steps, simulated, vllm_steps
@@ -17,6 +19,12 @@ from tests.parity.schedules import cases, metrics_from_steps, simulated, vllm_st
 CASES = cases()
 
 
+@pytest.mark.skipif(
+    os.environ.get("NARWHAL_EXPECT_COMPILED") == "1",
+    reason="tests/parity/closed.py wraps Scheduler methods on the instance, which a compiled "
+    "class does not allow (the compiled stage holds the compiled build's runs to the pure "
+    "build's byte for byte)",
+)
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_the_simulated_engine_schedules_what_vllm_scheduled(case: dict) -> None:  # type: ignore[type-arg]
     record = case["vllm"]

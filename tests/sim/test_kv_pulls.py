@@ -14,6 +14,7 @@ the free blocks and each sequence's blocks after it.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,14 @@ from narwhal.sim.gpu.switches import FaultSwitches
 from narwhal.sim.gpu.wire import ERROR_500
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.timing import step_model
+
+# The harness observes the scheduler by wrapping its ``plan`` on the instance, which a mypyc
+# class refuses; the compiled build's scheduling is held to the pure build's by the
+# byte-identical ``narwhal simulate`` check of the compiled stage.
+pytestmark = pytest.mark.skipif(
+    os.environ.get("NARWHAL_EXPECT_COMPILED") == "1",
+    reason="wraps Scheduler.plan on the instance, which a compiled class does not allow",
+)
 
 URL = "http://sim-d"
 PRODUCER = "producer-engine"
