@@ -6,9 +6,12 @@ head, then body bytes), within the deadline the core gives each write, and turns
 client into :class:`~narwhal.core.ports.ClientGone`; it decides nothing about statuses, content
 or how long a client may take.
 
-Theory of operation: :meth:`ResponseSink.respond` sends a complete JSON response; :meth:`commit`
-sends HTTP 200 with the SSE headers (the commit point) and :meth:`send` streams body bytes after
-it; :meth:`finish` ends a committed body. aiohttp's ``write`` hands the bytes to the transport,
+Theory of operation: :meth:`ResponseSink.respond` sends a complete JSON response (its head and
+body in one send); :meth:`commit` fixes HTTP 200 with the SSE headers (the commit point: from
+then on the response is a stream, whatever happens) and :meth:`send` streams body bytes after
+it; :meth:`finish` ends a committed body. aiohttp holds a committed head and sends it with the
+first body bytes (:class:`HeldHeadStream`), so the commit is one send with the first token; a
+response that ends before any body write still gets its head (:meth:`server_response`). aiohttp's ``write`` hands the bytes to the transport,
 then waits (drains) while the connection's write buffer is over its high-water mark (the client
 is not reading). That wait is bounded by the write's deadline with one
 :class:`WriteDeadline` per sink (a :class:`~narwhal.live.waits.Deadline`: one loop timer,
@@ -38,6 +41,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from aiohttp.abc import AbstractStreamWriter
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response, StreamResponse
 
@@ -60,6 +64,14 @@ class WriteDeadline(Deadline["ResponseSink"]):
         waiter.cut_off()
 
 
+class HeldHeadStream(StreamResponse):
+    """A streamed response whose head aiohttp holds at ``prepare()`` and sends in the same
+    transport write as the first body bytes (or the body's end), as it does for a complete
+    :class:`~aiohttp.web.Response`; a plain ``StreamResponse`` sends its head alone."""
+
+    _send_headers_immediately = False  # aiohttp's switch for this (Response sets it too)
+
+
 class ResponseSink:
     """Writes one HTTP response to an aiohttp request, each write within its deadline."""
 
@@ -75,9 +87,10 @@ class ResponseSink:
         self._extra = dict(extra_headers or {})
         self._timer = WriteDeadline(clock or AnyioClock(), stalls)
         self._response: StreamResponse | None = None
+        self._stream: AbstractStreamWriter | None = None  # a committed response's writer
         self.gone = False
         self.cut = False  # a write timed out: nothing more is written
-        self.started = False  # the status and head were written
+        self.started = False  # the status and head are fixed (a committed head may be held)
         self.finished = False  # the body's end was written
         self.status: int | None = None
 
@@ -126,9 +139,16 @@ class ResponseSink:
     async def commit(self, headers: dict[str, str], deadline: float = math.inf) -> WriteResult:
         if self.started:
             raise RuntimeError("commit() after the response started")
-        response = StreamResponse(status=200, headers={**self._extra, **headers})
+        if self.gone:
+            raise ClientGone()
+        if self.cut:
+            return _TIMED_OUT
+        response = HeldHeadStream(status=200, headers={**self._extra, **headers})
         self._response, self.started, self.status = response, True, 200
-        return await self._emit(response.prepare(self._request), deadline)
+        # the head is held, not written: nothing here waits on the client, and the first
+        # send's deadline bounds the head with the bytes it goes out with
+        self._stream = await response.prepare(self._request)
+        return None
 
     async def send(self, data: bytes, deadline: float = math.inf) -> WriteResult:
         # _emit inlined: this runs once per streamed chunk
@@ -173,10 +193,15 @@ class ResponseSink:
 
     def server_response(self) -> StreamResponse:
         """What the handler returns to aiohttp. A response not complete (cut, the client gone,
-        or never begun) closes the connection first: aiohttp then writes nothing more."""
+        or never begun) closes the connection first, after a committed head still held: aiohttp
+        then writes nothing more."""
         self._timer.disarm()
         response = self._response
         if response is None or not self.finished or self.gone or self.cut:
+            stream = self._stream
+            if stream is not None and not self.gone and not self.cut:
+                with contextlib.suppress(ConnectionError):
+                    stream.send_headers()  # a head still held: the client sees the 200
             transport = self._request.transport
             if transport is not None:
                 transport.close()
