@@ -239,7 +239,8 @@ def test_the_head_goes_with_the_first_token_and_the_end_with_the_last() -> None:
         runner.run(asyncio.wait_for(serve_one(handler, client), 10))
     head_and_token, last_and_end = seen["writes"]
     assert seen["after_commit"] == 0 and seen["finished"]
-    assert head_and_token.startswith(b"HTTP/1.1 200") and head_and_token.endswith(b"data: a\n\n\r\n")
+    assert head_and_token.startswith(b"HTTP/1.1 200")
+    assert head_and_token.endswith(b"\r\n\r\n9\r\ndata: a\n\n\r\n")  # the head, then the token
     assert last_and_end == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
     assert seen["body"] == head_and_token + last_and_end
 
