@@ -63,6 +63,7 @@ RESULTS = BENCH / "results"
 PEERS_BIN = BENCH / ".venv-peers" / "bin"
 PY = ROOT / ".venv" / "bin" / "python"
 NARWHAL = ROOT / ".venv" / "bin" / "narwhal"
+NARWHAL_BIN = {"path": NARWHAL}  # --narwhal-bin: e.g. .venv-compiled/bin/narwhal (mypyc build)
 NODELAY = BENCH / "nodelay.py"  # engines with TCP_NODELAY, like a real vLLM (see nodelay.py)
 MODEL = "tiny-llama"
 ROUTERS = ("narwhal", "vllm-router", "smg", "naive", "aiohttp-relay")
@@ -496,7 +497,7 @@ def router_spec(name: str, fleet: Fleet, workdir: Path, request_timeout: float) 
     if name in ("narwhal", EXTRA):
         config = workdir / f"narwhal-{port}.toml"
         config.write_text(narwhal_config(fleet, request_timeout))
-        argv = [str(NARWHAL), "serve", "--config", str(config), "--port", str(port)]
+        argv = [str(NARWHAL_BIN["path"]), "serve", "--config", str(config), "--port", str(port)]
         if name == EXTRA:
             argv[:1] = [str(PY), str(NODELAY)]
         flags = (
@@ -1236,7 +1237,7 @@ def write_csv(path: Path, results: dict[str, Any]) -> None:
 
 
 def check_tools(names: list[str], profile: bool) -> None:
-    missing = [str(p) for p in (PY, NARWHAL) if not p.exists()]
+    missing = [str(p) for p in (PY, NARWHAL_BIN["path"]) if not p.exists()]
     if "vllm-router" in names and not (PEERS_BIN / "vllm-router").exists():
         missing.append(str(PEERS_BIN / "vllm-router"))
     if "smg" in names and not (PEERS_BIN / "smg").exists():
@@ -1268,6 +1269,13 @@ def main() -> None:
         choices=["power_of_two", "round_robin"],
         help="load-balancing policy of vllm-router and smg (default power_of_two)",
     )
+    parser.add_argument(
+        "--narwhal-bin",
+        type=Path,
+        default=NARWHAL,
+        help="the narwhal executable benchmarked (default .venv/bin/narwhal; "
+        ".venv-compiled/bin/narwhal is the mypyc build of scripts/build_compiled.sh)",
+    )
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.loadgen:
@@ -1275,6 +1283,7 @@ def main() -> None:
         return
     names = list(args.only or ROUTERS)
     PEER_POLICY["policy"] = args.peer_policy
+    NARWHAL_BIN["path"] = args.narwhal_bin.absolute()
     check_tools(names, args.profile or args.profile_only)
     cfg = Settings.make(args.quick)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -1292,7 +1301,11 @@ def main() -> None:
         "quick": args.quick,
         "routers": names,
         "machine": machine(),
-        "settings": {**cfg.__dict__, "peer_policy": args.peer_policy},
+        "settings": {
+            **cfg.__dict__,
+            "peer_policy": args.peer_policy,
+            "narwhal_bin": str(NARWHAL_BIN["path"]),
+        },
         "versions": peer_versions(),
     }
     began = time.monotonic()

@@ -187,7 +187,7 @@ class _Lifecycle:
             committed=self.committed,
         )
         if self.committed:
-            await self._send(terminal_event(failure), now)
+            await self._end(terminal_event(failure), now)
         else:
             headers = _status_headers(failure, self.policies.config.recovery.probe_interval_s)
             await self._respond(failure.status, failure.error_body(), headers)
@@ -209,6 +209,11 @@ class _Lifecycle:
     async def _send(self, data: bytes, now: float) -> None:
         until = self._write_deadline(now)
         if await self.sink.send(data, until) is not None:
+            raise _ClientCut(until)
+
+    async def _end(self, data: bytes, now: float) -> None:
+        until = self._write_deadline(now)
+        if await self.sink.end(data, until) is not None:
             raise _ClientCut(until)
 
     async def _respond(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
@@ -481,7 +486,7 @@ class _Lifecycle:
                 committed=self.committed,
             )
         if assembler is None:
-            await self._send(b"".join(out), self.ports.clock.now())
+            await self._end(b"".join(out), self.ports.clock.now())
         else:
             await self._respond(200, assembler.result(), {})
 

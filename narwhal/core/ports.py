@@ -183,6 +183,11 @@ class ClientSink(Protocol):
         """Send SSE bytes after commit."""
         ...
 
+    def end(self, data: bytes, deadline: float) -> Awaitable[WriteResult]:
+        """Send a committed stream's last SSE bytes and end its body (in one write, where the
+        sink can): nothing is sent after it."""
+        ...
+
 
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
 

@@ -6,27 +6,31 @@ head, then body bytes), within the deadline the core gives each write, and turns
 client into :class:`~narwhal.core.ports.ClientGone`; it decides nothing about statuses, content
 or how long a client may take.
 
-Theory of operation: :meth:`ResponseSink.respond` sends a complete JSON response; :meth:`commit`
-sends HTTP 200 with the SSE headers (the commit point) and :meth:`send` streams body bytes after
-it; :meth:`finish` ends a committed body. aiohttp's ``write`` hands the bytes to the transport,
-then waits (drains) while the connection's write buffer is over its high-water mark (the client
-is not reading). That wait is bounded by the write's deadline with one
-:class:`WriteDeadline` per sink (a :class:`~narwhal.live.waits.Deadline`: one loop timer,
-re-armed only when a write's deadline is earlier than the armed one, so the router's own stalls
-do not count against the client and a write costs a comparison and a few assignments). A write
-still waiting at its deadline is abandoned: the timer marks the sink *cut* and aborts the
-connection, which ends aiohttp's wait (its bytes, and whatever else the transport still held,
-are dropped: the client was not reading them), and the write returns ``TimedOut``. No task is
-cancelled for it. After the cut every write returns ``TimedOut`` at once and :meth:`finish`
-writes nothing. :meth:`server_response` is what the handler returns to aiohttp: for a response
-left incomplete (cut, or the client gone) the connection is closed first, so aiohttp cannot end
-the body as if it were whole; it also disarms the sink's timer. :meth:`finish` is bounded by the
-deadline of the last write (it ends that write's response). A write to a closed connection
-raises ``ConnectionResetError``, which is ``ClientGone``. While the core serves,
-:func:`run_with_disconnect` watches the connection's end (a future the edge resolves): when the
-client leaves first it marks the sink gone and cancels the core's lifecycle, which releases
-what it holds in ``finally``. A disconnect after the response was complete, or caused by the
-sink's own cut, is not the client leaving and is ignored.
+Theory of operation: :meth:`ResponseSink.respond` sends a complete JSON response (its head and body
+in one send); :meth:`commit` fixes HTTP 200 with the SSE headers (the commit point: from then on
+the response is a stream, whatever happens) and :meth:`send` streams body bytes after it;
+:meth:`end` sends a stream's last bytes and ends its body in the same write, and :meth:`finish`
+ends a committed body the core left open (the shutdown's terminal event). aiohttp holds a committed
+head and sends it with the first body bytes (:class:`HeldHeadStream`), so the commit is one send
+with the first token; a response that ends before any body write still gets its head
+(:meth:`server_response`). aiohttp's ``write`` hands the bytes to the transport, then waits
+(drains) while the connection's write buffer is over its high-water mark (the client is not
+reading). That wait is bounded by the write's deadline with one :class:`WriteDeadline` per sink (a
+:class:`~narwhal.live.waits.Deadline`: one loop timer, re-armed only when a write's deadline is
+earlier than the armed one, so the router's own stalls do not count against the client and a write
+costs a comparison and a few assignments). A write still waiting at its deadline is abandoned: the
+timer marks the sink *cut* and aborts the connection, which ends aiohttp's wait (its bytes, and
+whatever else the transport still held, are dropped: the client was not reading them), and the
+write returns ``TimedOut``. No task is cancelled for it. After the cut every write returns
+``TimedOut`` at once and :meth:`finish` writes nothing. :meth:`server_response` is what the handler
+returns to aiohttp: for a response left incomplete (cut, or the client gone) the connection is
+closed first, so aiohttp cannot end the body as if it were whole; it also disarms the sink's timer.
+:meth:`finish` is bounded by the deadline of the last write (it ends that write's response). A
+write to a closed connection raises ``ConnectionResetError``, which is ``ClientGone``. While the
+core serves, :func:`run_with_disconnect` watches the connection's end (a future the edge resolves):
+when the client leaves first it marks the sink gone and cancels the core's lifecycle, which
+releases what it holds in ``finally``. A disconnect after the response was complete, or caused by
+the sink's own cut, is not the client leaving and is ignored.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from aiohttp.abc import AbstractStreamWriter
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response, StreamResponse
 
@@ -60,6 +65,14 @@ class WriteDeadline(Deadline["ResponseSink"]):
         waiter.cut_off()
 
 
+class HeldHeadStream(StreamResponse):
+    """A streamed response whose head aiohttp holds at ``prepare()`` and sends in the same
+    transport write as the first body bytes (or the body's end), as it does for a complete
+    :class:`~aiohttp.web.Response`; a plain ``StreamResponse`` sends its head alone."""
+
+    _send_headers_immediately = False  # aiohttp's switch for this (Response sets it too)
+
+
 class ResponseSink:
     """Writes one HTTP response to an aiohttp request, each write within its deadline."""
 
@@ -75,9 +88,10 @@ class ResponseSink:
         self._extra = dict(extra_headers or {})
         self._timer = WriteDeadline(clock or AnyioClock(), stalls)
         self._response: StreamResponse | None = None
+        self._stream: AbstractStreamWriter | None = None  # a committed response's writer
         self.gone = False
         self.cut = False  # a write timed out: nothing more is written
-        self.started = False  # the status and head were written
+        self.started = False  # the status and head are fixed (a committed head may be held)
         self.finished = False  # the body's end was written
         self.status: int | None = None
 
@@ -126,9 +140,16 @@ class ResponseSink:
     async def commit(self, headers: dict[str, str], deadline: float = math.inf) -> WriteResult:
         if self.started:
             raise RuntimeError("commit() after the response started")
-        response = StreamResponse(status=200, headers={**self._extra, **headers})
+        if self.gone:
+            raise ClientGone()
+        if self.cut:
+            return _TIMED_OUT
+        response = HeldHeadStream(status=200, headers={**self._extra, **headers})
         self._response, self.started, self.status = response, True, 200
-        return await self._emit(response.prepare(self._request), deadline)
+        # the head is held, not written: nothing here waits on the client, and the first
+        # send's deadline bounds the head with the bytes it goes out with
+        self._stream = await response.prepare(self._request)
+        return None
 
     async def send(self, data: bytes, deadline: float = math.inf) -> WriteResult:
         # _emit inlined: this runs once per streamed chunk
@@ -152,6 +173,29 @@ class ResponseSink:
             timer.waiter = None
         return _TIMED_OUT if self.cut else None
 
+    async def end(self, data: bytes, deadline: float = math.inf) -> WriteResult:
+        """A committed stream's last bytes and its body's end, in one write (aiohttp puts the
+        last chunk, the chunked terminator and a head still held in one transport write)."""
+        if self.gone:
+            raise ClientGone()
+        if self.cut:
+            return _TIMED_OUT
+        response = self._response
+        assert response is not None, "end() before commit()"
+        timer = self._timer
+        timer.wait_begins(deadline, self)
+        try:
+            await response.write_eof(data)
+        except OSError:
+            if not self.cut:  # as in send: the loss cancels the request, a later write raises
+                self.gone = True
+        finally:
+            timer.waiter = None
+        if self.cut:
+            return _TIMED_OUT
+        self.finished = not self.gone
+        return None
+
     async def finish(self, last: bytes = b"") -> None:
         """End a committed body, after ``last`` (no-op when the response is complete, never
         began, or was cut), within the deadline of the last write."""
@@ -173,10 +217,15 @@ class ResponseSink:
 
     def server_response(self) -> StreamResponse:
         """What the handler returns to aiohttp. A response not complete (cut, the client gone,
-        or never begun) closes the connection first: aiohttp then writes nothing more."""
+        or never begun) closes the connection first, after a committed head still held: aiohttp
+        then writes nothing more."""
         self._timer.disarm()
         response = self._response
         if response is None or not self.finished or self.gone or self.cut:
+            stream = self._stream
+            if stream is not None and not self.gone and not self.cut:
+                with contextlib.suppress(ConnectionError):
+                    stream.send_headers()  # a head still held: the client sees the 200
             transport = self._request.transport
             if transport is not None:
                 transport.close()

@@ -398,6 +398,9 @@ class SimSink:
     def send(self, data: bytes, deadline: float) -> Ready:
         return READY_NONE
 
+    def end(self, data: bytes, deadline: float) -> Ready:
+        return READY_NONE
+
 
 SINK = SimSink()
 

@@ -270,6 +270,7 @@ class RecordingSink:
         self.headers: dict[str, str] = {}
         self.body: dict[str, Any] | None = None
         self.events: list[bytes] = []
+        self.ended = False  # end() was called: the body is over
         self.leave_after_sends = leave_after_sends
         self.blocked = dict(blocked or {})
         self.clock = clock
@@ -313,12 +314,19 @@ class RecordingSink:
 
     async def send(self, data: bytes, deadline: float) -> TimedOut | None:
         assert self.status == 200, "send before commit"
+        assert not self.ended, "send after end"
         if self.leave_after_sends is not None and len(self.events) >= self.leave_after_sends:
             raise ClientGone()
         if (waited := self._wait(deadline)) is not None:
             return waited
         self.events.append(data)
         return None
+
+    async def end(self, data: bytes, deadline: float) -> TimedOut | None:
+        """The stream's last bytes: a send, after which nothing more may be sent."""
+        waited = await self.send(data, deadline)
+        self.ended = True
+        return waited
 
     def sse_events(self) -> list[bytes]:
         """What the client received, cut into SSE events (one write may carry several)."""

@@ -254,6 +254,9 @@ def test_fault_without_retry(case: Case) -> None:
         assert last["error"]["code"] == case.status
         if case.message:
             assert last["error"]["message"].startswith(case.message)
+        assert out.sink.ended and out.sink.events[-1].startswith(b"data: {"), (
+            "the terminal event is the body's end"
+        )
     else:
         assert out.sink.status == case.status
         assert out.sink.body is not None and "error" in out.sink.body
@@ -290,6 +293,7 @@ def test_success_streams_exactly_the_engine_tokens_and_measures() -> None:
     out = serve({"prefill": [Prefill(delay=0.3)], "decode": [Decode(items=items)]})
     assert out.record is not None and out.record.status == 200
     assert out.sink.sse_events() == [token("A"), token("B"), USAGE_CHUNK, DONE]
+    assert out.sink.ended and out.sink.events[-1].endswith(DONE), "[DONE] ends the body"
     assert out.record.ttft_s == pytest.approx(0.3)
     assert out.record.first_byte_s == pytest.approx(0.3 + 0.005 + 0.2)
     assert out.record.output_tokens == 2

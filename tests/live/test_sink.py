@@ -189,3 +189,71 @@ def test_another_cancellation_or_timeout_propagates(source: str) -> None:
 
     run(lambda: serve_one(handler, client))
     assert seen == {"raised": "the work's own" if source == "work's own" else "", "gone": False}
+
+
+def counted_writes(request: BaseRequest) -> list[bytes]:
+    """Every ``transport.write`` of ``request``'s connection from now on, one entry per call
+    (one send each on an idle socket). Needs asyncio's own loop: uvloop's transport is a C type
+    whose ``write`` cannot be wrapped."""
+    transport = request.transport
+    assert transport is not None
+    writes: list[bytes] = []
+    write = transport.write
+
+    def counting(data: Any) -> None:
+        writes.append(bytes(data))
+        write(data)
+
+    transport.write = counting  # type: ignore[method-assign]
+    return writes
+
+
+async def read_until(peer: socket.socket, end: bytes, limit_s: float = 5.0) -> bytes:
+    loop, received = asyncio.get_running_loop(), b""
+    async with asyncio.timeout(limit_s):
+        while not received.endswith(end):
+            data = await loop.sock_recv(peer, 65536)
+            assert data, f"closed before {end!r}: {received!r}"
+            received += data
+    return received
+
+
+def test_the_head_goes_with_the_first_token_and_the_end_with_the_last() -> None:
+    seen: dict[str, Any] = {}
+
+    async def handler(request: BaseRequest) -> StreamResponse:
+        sink = ResponseSink(request)
+        seen["writes"] = writes = counted_writes(request)
+        assert await sink.commit({"content-type": "text/event-stream"}) is None
+        seen["after_commit"] = len(writes)  # the head is held, not written
+        assert sink.started and await sink.send(b"data: a\n\n") is None
+        assert await sink.end(b"data: [DONE]\n\n") is None
+        seen["finished"] = sink.finished
+        await sink.finish()  # the body is already whole: nothing more
+        return sink.server_response()
+
+    async def client(peer: socket.socket, edge: EdgeServer) -> None:
+        seen["body"] = await read_until(peer, b"\r\n0\r\n\r\n")
+
+    with asyncio.Runner() as runner:
+        runner.run(asyncio.wait_for(serve_one(handler, client), 10))
+    head_and_token, last_and_end = seen["writes"]
+    assert seen["after_commit"] == 0 and seen["finished"]
+    assert head_and_token.startswith(b"HTTP/1.1 200")
+    assert head_and_token.endswith(b"\r\n\r\n9\r\ndata: a\n\n\r\n")  # the head, then the token
+    assert last_and_end == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+    assert seen["body"] == head_and_token + last_and_end
+
+
+def test_a_held_head_reaches_the_client_when_the_stream_ends_before_any_body() -> None:
+    async def handler(request: BaseRequest) -> StreamResponse:
+        sink = ResponseSink(request)
+        assert await sink.commit({"content-type": "text/event-stream"}) is None
+        return sink.server_response()  # incomplete: the connection is closed after the head
+
+    async def client(peer: socket.socket, edge: EdgeServer) -> None:
+        body = await read_to_end(peer)
+        assert body.startswith(b"HTTP/1.1 200") and body.endswith(b"\r\n\r\n")
+        assert b"text/event-stream" in body and not body.endswith(b"0\r\n\r\n")
+
+    run(lambda: serve_one(handler, client))
