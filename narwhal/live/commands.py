@@ -109,6 +109,7 @@ def _load(path: str) -> Any:
 
 def serve_command(args: argparse.Namespace) -> int:
     from narwhal.live.app import Router
+    from narwhal.live.reporting import log_requests_to_stdout
     from narwhal.live.serving import make_router_server
     from narwhal.serving import bind, port_of
 
@@ -137,12 +138,7 @@ def serve_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"narwhal serve: --log-level: {error}", file=sys.stderr)
         return 2
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    requests_log = logging.getLogger("narwhal.requests")
-    requests_log.addHandler(handler)
-    requests_log.setLevel(logging.INFO)
-    requests_log.propagate = False
+    log_requests_to_stdout()
     try:
         sock = bind(args.host, args.port)
     except OSError as error:

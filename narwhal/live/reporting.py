@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar, Token
 from typing import Any
@@ -40,6 +41,17 @@ OTHER_MODEL = "other"  # a model string outside the known set
 MAX_MODEL_LABELS = 32
 
 request_log = logging.getLogger("narwhal.requests")
+
+
+def log_requests_to_stdout() -> None:
+    """The JSON request log, one line per request, on stdout and nowhere else (``narwhal
+    serve``, each of its workers alike): one write per line, so lines of several processes
+    never interleave within a line; people read stderr."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    request_log.addHandler(handler)
+    request_log.setLevel(logging.INFO)
+    request_log.propagate = False
 
 
 class ModelLabels:

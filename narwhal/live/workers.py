@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import multiprocessing
 import os
 import signal
@@ -64,17 +63,6 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 WorkerEntry = Callable[[socket.socket, int], None]
 
 
-def _request_log_to_stdout() -> None:
-    """The JSON request log on stdout (as single-process ``serve``): one line per write, so the
-    workers' lines do not interleave within a line."""
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    requests_log = logging.getLogger("narwhal.requests")
-    requests_log.addHandler(handler)
-    requests_log.setLevel(logging.INFO)
-    requests_log.propagate = False
-
-
 def serve_worker(
     args: argparse.Namespace,
     config: NarwhalConfig,
@@ -87,9 +75,10 @@ def serve_worker(
     from prometheus_client import Gauge
 
     from narwhal.live.app import Router
+    from narwhal.live.reporting import log_requests_to_stdout
     from narwhal.live.serving import make_router_server
 
-    _request_log_to_stdout()
+    log_requests_to_stdout()
     router = Router(
         config,
         seed=replica_seed(args.seed, index),
