@@ -9,8 +9,9 @@ malformed data, a close before ``[DONE]``) is decided here and nowhere else. Eve
 
 Theory of operation: :func:`prefill_leg` builds the producer's body from the client request, calls
 the producer under ``min(deadline, start + max_handoff_age_s)`` and reads the reply with
-:func:`read_prefill` into a :class:`PrefillOutcome` (the descriptor or the fault, and when the reply
-came, which is the request's ``ttft_s``). A :class:`DecodeLeg` is one decode stream:
+:func:`read_prefill_reply` into a :class:`PrefillOutcome` (the descriptor and the prompt tokens
+the reply reports, or the fault, and when the reply came, which is the request's ``ttft_s``).
+A :class:`DecodeLeg` is one decode stream:
 :meth:`DecodeLeg.open` opens it under the first-token deadline, and :meth:`DecodeLeg.read` (sans-IO)
 says what one transport read under :attr:`DecodeLeg.deadline` means (:meth:`DecodeLeg.next_read`
 awaits the read and reads it). The deadline of each read is ``first_token_at`` until the first
@@ -93,14 +94,6 @@ def stale_handoff(started_at: float, now: float, max_handoff_age_s: float) -> Fa
 
 
 # ---------------------------------------------------------------- the prefill leg
-
-
-def read_prefill(
-    reply: Reply, producer: str, connector: str, pinned_side_channel: str | None
-) -> dict[str, Any] | Fault:
-    """The validated descriptor of a prefill reply, or the fault it shows."""
-    read = read_prefill_reply(reply, producer, connector, pinned_side_channel)
-    return read if isinstance(read, Fault) else read[0]
 
 
 def prompt_tokens_of(payload: dict[str, Any]) -> int | None:

@@ -18,7 +18,6 @@ from narwhal.core.legs import (
     PrefillOutcome,
     prefill_leg,
     prompt_tokens_of,
-    read_prefill,
     read_prefill_reply,
     stale_handoff,
 )
@@ -244,18 +243,18 @@ def test_an_event_that_never_ends_is_malformed_once_it_passes_the_bound() -> Non
 
 def test_a_prefill_reply_past_the_bound_is_malformed() -> None:
     huge = Reply(200, b" " * (MAX_REPLY_BYTES + 1))  # what the transport keeps at most
-    result = read_prefill(huge, P, "NixlConnector", None)
-    assert not isinstance(result, dict) and result.kind is FaultKind.MALFORMED_RESPONSE
+    result = read_prefill_reply(huge, P, "NixlConnector", None)
+    assert not isinstance(result, tuple) and result.kind is FaultKind.MALFORMED_RESPONSE
     assert result.message == f"prefill response over {MAX_REPLY_BYTES} bytes"
-    at_bound = read_prefill(Reply(200, b" " * MAX_REPLY_BYTES), P, "NixlConnector", None)
-    assert not isinstance(at_bound, dict)
+    at_bound = read_prefill_reply(Reply(200, b" " * MAX_REPLY_BYTES), P, "NixlConnector", None)
+    assert not isinstance(at_bound, tuple)
     assert at_bound.message == "prefill response is not a JSON object"  # read, not refused
 
 
 def test_a_prefill_reply_nested_past_the_parser_bound_is_malformed() -> None:
     deep = Reply(200, b'{"kv_transfer_params": ' + b"[" * 5000 + b"]" * 5000 + b"}")
-    result = read_prefill(deep, P, "NixlConnector", None)
-    assert not isinstance(result, dict) and result.kind is FaultKind.MALFORMED_RESPONSE
+    result = read_prefill_reply(deep, P, "NixlConnector", None)
+    assert not isinstance(result, tuple) and result.kind is FaultKind.MALFORMED_RESPONSE
 
 
 @pytest.mark.parametrize(
