@@ -90,15 +90,11 @@ def test_prompt_tokens_are_counted_as_the_engines_report_them(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="narwhal.requests")
-    producer, consumer = emulator("prefill"), emulator("decode")
-    engines = [
-        {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
-        {"url": consumer.url, "role": "decode"},
-    ]
-    handle = router(engines, contract=CONTRACT)
+    handle = pair(emulator, router, contract=CONTRACT)
+    consumer = next(e["url"] for e in handle.status()["engines"] if e["role"] == "decode")
     prompt = "count these few words please"
     direct = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 1}
-    engine_says = HTTP.post(consumer.url + "/v1/completions", json=direct).json()
+    engine_says = HTTP.post(consumer + "/v1/completions", json=direct).json()
     reported = engine_says["usage"]["prompt_tokens"]
     assert reported > 1
     body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 2}
