@@ -38,7 +38,7 @@ from narwhal.core.requests import COMPLETIONS, decode_body, parse_client_request
 from narwhal.core.sse import SseEvent
 from narwhal.engines.connector import PrefillResult
 from narwhal.live.clock import AnyioClock
-from narwhal.live.transport import AiohttpTransport
+from narwhal.live.transport import EngineTransport
 
 
 class EngineError(RuntimeError):
@@ -68,13 +68,13 @@ class EngineClient:
         self.settings = settings or EngineSettings()
         self._transport = transport
         self._clock = clock
-        self._owned: AiohttpTransport | None = None  # the pool http() opened for this client
+        self._owned: EngineTransport | None = None  # the pool http() opened for this client
 
     @classmethod
     def http(cls, url: str, **options: Any) -> EngineClient:
-        """A client over real HTTP (its own aiohttp keep-alive pool, the live clock)."""
+        """A client over real HTTP (its own keep-alive pool, the live clock)."""
         clock = AnyioClock()
-        transport = AiohttpTransport(clock)
+        transport = EngineTransport(clock)
         client = cls(url, transport=transport, clock=clock, **options)
         client._owned = transport
         return client

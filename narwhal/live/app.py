@@ -69,7 +69,7 @@ from narwhal.live.reload import DEFAULT_POLL_S, ConfigReloader
 from narwhal.live.reporting import SHUTDOWN_MESSAGE, ModelLabels, RequestReporter, ServedRequest
 from narwhal.live.sink import ResponseSink, run_with_disconnect
 from narwhal.live.tracing import start_tracing
-from narwhal.live.transport import AiohttpTransport
+from narwhal.live.transport import EngineTransport
 
 FLEET_QUERY_TIMEOUT_S = 2.0
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -175,7 +175,7 @@ class Router:
         """The router's resources and background loops, for as long as it serves: the engine
         transport, and one task group holding the lag monitor, the maintenance and load scrape
         loops, the reload loop and every job spawned through the ports."""
-        transport_cm = AiohttpTransport(self.clock, stalls=self.stalls)
+        transport_cm = EngineTransport(self.clock, stalls=self.stalls)
         async with transport_cm as transport, anyio.create_task_group() as group:
             group.start_soon(LagMonitor(self.clock, self.stalls).run)
 

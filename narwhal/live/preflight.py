@@ -32,7 +32,7 @@ from narwhal.core.ports import ConnectFailed, Ports, TimedOut
 from narwhal.core.probe import contract_problems, probe_client_request, probe_request
 from narwhal.core.requests import COMPLETIONS, ClientRequest, decode_body
 from narwhal.live.clock import AnyioClock
-from narwhal.live.transport import AiohttpTransport
+from narwhal.live.transport import EngineTransport
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ class _Preflight:
 async def run_preflight(config: NarwhalConfig, *, seed: int = 0) -> list[Check]:
     """Every check of the fleet of ``config``, in order."""
     clock = AnyioClock()
-    async with AiohttpTransport(clock) as transport, anyio.create_task_group() as group:
+    async with EngineTransport(clock) as transport, anyio.create_task_group() as group:
 
         def spawn(job: Callable[[], Coroutine[Any, Any, None]]) -> None:
             group.start_soon(job)

@@ -21,9 +21,9 @@ per chunk, and nothing per chunk but a comparison and three assignments.
 
 The ways to end a wait:
 
-- :class:`ReadDeadline` ends a read of an aiohttp body by setting :class:`DeadlinePassed` on its
-  ``StreamReader``: the read raises it, and no task is cancelled (a stream whose read timed out is
-  over, so poisoning its reader loses nothing).
+- :class:`ReadDeadline` ends a read of an engine's body by setting :class:`DeadlinePassed` on its
+  connection (:class:`narwhal.live.h1client.H1Connection`): the read raises it, and no task is
+  cancelled (a stream whose read timed out is over, so poisoning its connection loses nothing).
 - :func:`deadline_at` is the same rule for a one-off wait (a call, an open): an
   ``asyncio.timeout`` with no deadline of its own that the timer expires, so the block raises
   ``TimeoutError`` and asyncio tells its cancellation apart from anyone else's (without a
@@ -42,9 +42,7 @@ import asyncio
 import contextlib
 import math
 from types import TracebackType
-from typing import Generic, TypeVar
-
-from aiohttp import StreamReader
+from typing import Generic, Protocol, TypeVar
 
 from narwhal.core.ports import Clock
 from narwhal.core.stalls import StallLedger
@@ -117,12 +115,18 @@ class Deadline(Generic[W]):
         self.expire(waiter)
 
 
-class ReadDeadline(Deadline[StreamReader]):
-    """Ends a read of an aiohttp body: the read raises :class:`DeadlinePassed`."""
+class Readable(Protocol):
+    """What a stream is read from: a failure set on it ends the read in progress."""
+
+    def set_exception(self, error: BaseException) -> None: ...
+
+
+class ReadDeadline(Deadline[Readable]):
+    """Ends a read of an engine's body: the read raises :class:`DeadlinePassed`."""
 
     __slots__ = ()
 
-    def expire(self, waiter: StreamReader) -> None:
+    def expire(self, waiter: Readable) -> None:
         waiter.set_exception(DeadlinePassed())
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 
@@ -56,11 +55,11 @@ def test_leaving_the_client_closes_its_pool(emulator: Callable[..., Emulator]) -
             async for _ in decode.decode(result, body):
                 pass
             # The stream's close hands the connection back to the decode client's pool once
-            # the body has ended (aiohttp internals, read-only): wait for that, bounded.
-            connector: Any = decode._transport.session.connector
+            # the body has ended: wait for that, bounded.
+            pool = decode._transport.pool
             returned = time.monotonic() + 5.0
             while time.monotonic() < returned and not (
-                connector._conns and not connector._acquired
+                pool.idle() and pool.open == len(pool.idle())
             ):
                 await anyio.sleep(0.01)
             held = [connections(producer), connections(consumer)]

@@ -1,4 +1,4 @@
-"""The aiohttp transport over loopback: finished streams keep their connection, abandoned ones
+"""The engine transport over loopback: finished streams keep their connection, abandoned ones
 do not; a runaway reply is read only up to its bound; a read's deadline ends it without
 cancelling anything, and someone else's cancellation still propagates."""
 
@@ -13,27 +13,25 @@ import anyio
 from narwhal.core.legs import MAX_REPLY_BYTES
 from narwhal.core.ports import Chunk, ConnectFailed, Reply, StreamOpened, TimedOut
 from narwhal.live.clock import AnyioClock
-from narwhal.live.transport import KEEPALIVE_EXPIRY_S, AiohttpTransport
+from narwhal.live.transport import KEEPALIVE_EXPIRY_S, EngineTransport
 from narwhal.serving import BackgroundServer, bind, make_server, port_of
 from tests.live.conftest import HTTP, Emulator, RouterHandle, Servers
 
 BODY = {"prompt": "hello", "max_tokens": 3, "stream": True}
 
 
-def idle_connections(transport: AiohttpTransport) -> list[Any]:
-    """The pooled connections no request holds (aiohttp internals, read-only, for these tests)."""
-    connector: Any = transport.session.connector
-    return [protocol for pool in connector._conns.values() for protocol, _ in pool]
+def idle_connections(transport: EngineTransport) -> list[Any]:
+    """The pooled connections no request holds."""
+    return transport.pool.idle()
 
 
-def busy_connections(transport: AiohttpTransport) -> int:
-    connector: Any = transport.session.connector
-    return len(connector._acquired)
+def busy_connections(transport: EngineTransport) -> int:
+    return transport.pool.open - len(idle_connections(transport))
 
 
-def pooled_connections(transport: AiohttpTransport) -> int:
+def pooled_connections(transport: EngineTransport) -> int:
     """Open connections of the pool, idle or busy."""
-    return len(idle_connections(transport)) + busy_connections(transport)
+    return transport.pool.open
 
 
 async def until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
@@ -43,12 +41,12 @@ async def until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
             await anyio.sleep(0.01)
 
 
-async def settled(transport: AiohttpTransport, limit_s: float = 5.0) -> None:
+async def settled(transport: EngineTransport, limit_s: float = 5.0) -> None:
     """Wait (bounded) until no pooled connection is still busy with a pending close."""
-    await until(lambda: busy_connections(transport) == 0 and not transport._draining, limit_s)
+    await until(lambda: busy_connections(transport) == 0 and not transport.draining, limit_s)
 
 
-async def read_to_done(transport: AiohttpTransport, clock: AnyioClock, url: str) -> None:
+async def read_to_done(transport: EngineTransport, clock: AnyioClock, url: str) -> None:
     opened = await transport.open_stream(url, "/v1/completions", BODY, {}, clock.now() + 5)
     assert isinstance(opened, StreamOpened) and opened.status == 200
     seen = b""
@@ -64,7 +62,7 @@ def test_finished_streams_reuse_one_connection(emulator: Callable[..., Emulator]
 
     async def main() -> int:
         clock = AnyioClock()
-        async with AiohttpTransport(clock) as transport:
+        async with EngineTransport(clock) as transport:
             for _ in range(4):
                 await read_to_done(transport, clock, engine.url)
                 await settled(transport)  # a close waits (bounded) for the body's end
@@ -79,7 +77,7 @@ def test_abandoned_stream_drops_its_connection(emulator: Callable[..., Emulator]
 
     async def main() -> int:
         clock = AnyioClock()
-        async with AiohttpTransport(clock) as transport:
+        async with EngineTransport(clock) as transport:
             opened = await transport.open_stream(
                 engine.url, "/v1/completions", BODY, {}, clock.now() + 5
             )
@@ -87,7 +85,7 @@ def test_abandoned_stream_drops_its_connection(emulator: Callable[..., Emulator]
             transport.close_stream(opened.handle)
             # The close waits (bounded) for the end of the hung body, then drops it.
             assert busy_connections(transport) == 1
-            await until(lambda: opened.handle.response.closed)
+            await until(lambda: opened.handle.conn.closed)
             await settled(transport)
             return pooled_connections(transport)
 
@@ -102,7 +100,7 @@ def test_read_deadlines_time_out_and_outer_cancellation_propagates(
 
     async def main() -> tuple[bool, bool, float, bool]:
         clock = AnyioClock()
-        async with AiohttpTransport(clock) as transport:
+        async with EngineTransport(clock) as transport:
             opened = await transport.open_stream(
                 engine.url, "/v1/completions", BODY, {}, clock.now() + 5
             )
@@ -150,7 +148,7 @@ def test_idle_connections_expire_before_the_engines_close_them(
 
     async def main() -> list[bool]:
         clock = AnyioClock()
-        async with AiohttpTransport(clock, keepalive_expiry_s=0.3) as transport:
+        async with EngineTransport(clock, keepalive_expiry_s=0.3) as transport:
             reused: list[bool] = []
             for pause in (0.05, 0.6):
                 reply = await transport.call(
@@ -196,7 +194,7 @@ def test_a_runaway_reply_is_read_only_up_to_its_bound(servers: Servers) -> None:
 
     async def main() -> object:
         clock = AnyioClock()
-        async with AiohttpTransport(clock) as transport:
+        async with EngineTransport(clock) as transport:
             return await transport.call(url, "POST", "/v1/completions", {}, {}, clock.now() + 30)
 
     reply = anyio.run(main)
@@ -235,7 +233,7 @@ def test_a_cancelled_open_closes_the_stream_it_was_reading(servers: Servers) -> 
 
     async def main() -> tuple[int, int]:
         clock = AnyioClock()
-        async with AiohttpTransport(clock) as transport:
+        async with EngineTransport(clock) as transport:
             with anyio.move_on_after(0.3):  # the client leaves while the error body is read
                 await transport.open_stream(url, "/v1/completions", BODY, {}, clock.now() + 20)
             # Closing the unfinished error body waits (bounded) for its end, then drops it;
@@ -271,12 +269,12 @@ def test_a_producer_without_kv_release_is_asked_once_and_releases_are_awaited(
 
     async def main() -> tuple[int, int]:
         clock = AnyioClock()
-        async with AiohttpTransport(clock) as transport:
+        async with EngineTransport(clock) as transport:
             transport.release_handoff(url, {"remote_block_ids": [1]})
             await until(lambda: not transport._releases)
             transport.release_handoff(url, {"remote_block_ids": [2]})  # 404 remembered
             after_404 = len(asked)
-        async with AiohttpTransport(clock) as transport:  # a fresh one asks, and is left at once
+        async with EngineTransport(clock) as transport:  # a fresh one asks, and is left at once
             transport.release_handoff(url, {"remote_block_ids": [3]})
         return after_404, len(answered)
 
@@ -285,7 +283,7 @@ def test_a_producer_without_kv_release_is_asked_once_and_releases_are_awaited(
 
 
 def test_a_malformed_engine_answer_is_a_reset_not_an_exception() -> None:
-    """An answer aiohttp cannot parse — a garbage status line, a broken chunk in the body of a
+    """An answer llhttp cannot parse — a garbage status line, a broken chunk in the body of a
     stream — comes back as ``ConnectFailed("reset")``; the transport raises nothing."""
 
     async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -310,7 +308,7 @@ def test_a_malformed_engine_answer_is_a_reset_not_an_exception() -> None:
         server = await asyncio.start_server(engine, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         clock = AnyioClock()
-        async with server, AiohttpTransport(clock) as transport:
+        async with server, EngineTransport(clock) as transport:
             garbage = await transport.call(url, "GET", "/health", None, {}, clock.now() + 5)
             stream = await transport.open_stream(url, "/broken-chunk", BODY, {}, clock.now() + 5)
             assert isinstance(stream, StreamOpened) and stream.status == 200
