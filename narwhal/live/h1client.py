@@ -204,25 +204,31 @@ class H1Connection(asyncio.Protocol):
             self.keep_alive = False
             self.close()
             return
-        if not self.head_done:
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES and not self._head_fits(data):
+        if not self.head_done and self._head_bytes + len(data) > MAX_HEAD_BYTES:
+            # Feed what the bound allows; the head must end within it.
+            allowed = MAX_HEAD_BYTES - self._head_bytes
+            if not self._feed(data[:allowed]):
+                return
+            if not self.head_done:
                 self._fail(EngineProtocolError("response head too long"))
                 return
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as error:
-            self._fail(EngineProtocolError(str(error)))
+            data = data[allowed:]
+        elif not self.head_done:
+            self._head_bytes += len(data)
+        if not self._feed(data):
             return
         if self._held > HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
 
-    def _head_fits(self, data: bytes) -> bool:
-        """Whether the head ends within the bound (the bytes past it are body)."""
-        before = self._head_bytes - len(data)
-        end = data.find(b"\r\n\r\n")
-        return end >= 0 and before + end + 4 <= MAX_HEAD_BYTES
+    def _feed(self, data: bytes) -> bool:
+        """Parse ``data``; False (and the connection failed) if it is not HTTP."""
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            self._fail(EngineProtocolError(str(error)))
+            return False
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
