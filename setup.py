@@ -28,6 +28,7 @@ from setuptools import setup
 COMPILED = [
     "narwhal/core/breaker.py",
     "narwhal/core/descriptor.py",
+    "narwhal/core/empty_streams.py",
     "narwhal/core/errors.py",
     "narwhal/core/jsoncopy.py",
     "narwhal/core/jsonparse.py",

@@ -1276,6 +1276,11 @@ def main() -> None:
         help="the narwhal executable benchmarked (default .venv/bin/narwhal; "
         ".venv-compiled/bin/narwhal is the mypyc build of scripts/build_compiled.sh)",
     )
+    parser.add_argument(
+        "--keep-logs",
+        action="store_true",
+        help="keep the logs directory (the routers' request logs, the engines' logs) after a run",
+    )
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.loadgen:
@@ -1338,7 +1343,10 @@ def main() -> None:
             print()
             print(report(results))
             print(f"\nwrote {path.relative_to(ROOT)} and .csv ({results['wall_s']:.0f} s)")
-            shutil.rmtree(workdir, ignore_errors=True)
+            if args.keep_logs:
+                print(f"logs kept in {workdir}")
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
         else:
             print(f"failed; logs kept in {workdir}", file=sys.stderr)
 

@@ -58,8 +58,9 @@ FAULT_RULES: dict[FaultKind, FaultRule] = {
     FaultKind.FIRST_TOKEN_TIMEOUT: FaultRule(504, True, True, "engine_timeout"),
     FaultKind.SILENCE: FaultRule(504, True, True, "engine_timeout"),
     FaultKind.CLOSED_BEFORE_DONE: FaultRule(502, True, True, "engine_stream_closed"),
-    # not charged: a healthy engine sends it for a legitimately empty completion (an immediate
-    # end of sequence or stop string), which must not eject it
+    # not charged here: a healthy engine sends it for a legitimately empty completion (an
+    # immediate end of sequence or stop string), which must not eject it; charged later only if
+    # another engine answers the same request with a token (narwhal.core.empty_streams)
     FaultKind.DONE_BEFORE_TOKEN: FaultRule(502, False, True, "engine_empty_stream"),
     FaultKind.INBAND_ERROR: FaultRule(None, True, True, "engine_error"),
     FaultKind.DEADLINE: FaultRule(504, False, False, "request_timeout"),

@@ -25,6 +25,9 @@ consumer that computes the prompt itself (the contract's same-worker path).
 Faults are charged to the engine that caused them (breaker streak, quarantine); a transient fault
 before commit starts a fresh attempt (new ids, new placement, new producer ownership) when
 attempts, the deadline and the retry budget allow; otherwise the client gets the fault's status.
+A fresh attempt avoids every engine an earlier attempt failed on, an uncharged empty stream
+(``[DONE]`` before any token) included; that empty stream is charged to its consumer once another
+engine sends the request a token (:mod:`narwhal.core.empty_streams`).
 
 The client is charged for what the client does. Every write to it is bounded by
 ``min(request deadline, start of the write + client.write_timeout_s)``: a client that leaves a
@@ -41,6 +44,7 @@ from typing import Any
 
 from narwhal.core import wire
 from narwhal.core.assemble import ResponseAssembler
+from narwhal.core.empty_streams import EmptyStreams
 from narwhal.core.errors import Fault, FaultKind, fault
 from narwhal.core.legs import DecodeLeg, prefill_leg, prompt_tokens_of, stale_handoff
 from narwhal.core.placement import Reservation
@@ -89,7 +93,8 @@ class _Lifecycle:
         self.deadline = Deadline(request.arrival + cfg.engine.request_timeout_s)
         self.write_timeout_s = cfg.client.write_timeout_s
         self.held: list[Reservation] = []
-        self.failed_engines: set[str] = set()
+        self.failed_engines: set[str] = set()  # avoided by later attempts (Envoy's previous_hosts)
+        self.empty_streams = EmptyStreams(request.request_id)
         self.engines: list[str] = []
         self.attempts = 0
         self.committed = False
@@ -419,7 +424,7 @@ class _Lifecycle:
         )
         if not self.committed:  # an earlier attempt's tokens were never shown: count afresh
             self.got_token, self.tokens, self.first_byte_s = False, 0, None
-        clock, transport = self.ports.clock, self.ports.transport
+        clock, transport, policies = self.ports.clock, self.ports.transport, self.policies
         while True:
             result = await transport.next_chunk(leg.handle, leg.deadline)
             now = clock.now()
@@ -429,6 +434,7 @@ class _Lifecycle:
                 if kind is EventKind.TOKEN:
                     if not self.got_token:
                         self.got_token = True
+                        self.empty_streams.answered(consumer, at, policies.breaker, policies.log)
                         self.first_byte_s = at - self.request.arrival
                         if assembler is None:
                             await self._commit(now)
@@ -467,6 +473,9 @@ class _Lifecycle:
                         blocked_s=back_at - now,
                     )
             if leg.fault is not None:
+                if leg.fault.kind is FaultKind.DONE_BEFORE_TOKEN:  # not charged (yet): avoided
+                    self.failed_engines.add(consumer)
+                    self.empty_streams.ended_empty(consumer, self._epochs[consumer], self._producer)
                 return leg.fault
 
     async def _succeed(
