@@ -33,6 +33,7 @@ it cannot race the engine's own keep-alive close.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections import deque
 from collections.abc import Callable
@@ -44,6 +45,7 @@ import httptools
 
 MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and headers) longer than this is a fault
 HIGH_WATER = 256 * 1024  # unread body bytes at which the socket stops being read
+_FRAMING = (b"content-length", b"transfer-encoding")  # a body with either ends on its own
 
 
 class EngineProtocolError(Exception):
@@ -75,8 +77,14 @@ class Origin:
         return Origin(parts.hostname, port, tls, parts.netloc, parts.path.rstrip("/"))
 
 
+_NOT_IN_A_NAME = re.compile(r"[\s:]|^$")
+_NOT_IN_A_VALUE = re.compile(r"[\r\n\0]")
+
+
 def _check_header(name: str, value: str) -> None:
-    if not name or any(c in name for c in " \t\r\n:") or any(c in value for c in "\r\n\0"):
+    """A header that would end the head early or start another is refused (a request id or key
+    with a line break cannot smuggle a header or a second request)."""
+    if _NOT_IN_A_NAME.search(name) or _NOT_IN_A_VALUE.search(value):
         raise ValueError(f"header not sendable: {name!r}")
 
 
@@ -103,6 +111,7 @@ class H1Connection(asyncio.Protocol):
         self.origin = origin
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.counted = False  # in the pool's count of open connections (once it was handed out)
         self.idle_since = 0.0
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
@@ -112,7 +121,7 @@ class H1Connection(asyncio.Protocol):
 
     def _begin(self) -> None:
         self.status = 0
-        self.headers: list[tuple[str, str]] = []  # (lower-case name, value)
+        self._raw_headers: list[tuple[bytes, bytes]] = []
         self.head_done = False
         self.complete = False  # the response's body came to its end
         self.keep_alive = False
@@ -153,6 +162,14 @@ class H1Connection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
         return data
+
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        """The response's headers as (lower-case name, value), decoded only when asked (a
+        stream's are never read)."""
+        return tuple(
+            (name.decode("latin-1").lower(), value.decode("latin-1"))
+            for name, value in self._raw_headers
+        )
 
     def has_unread(self) -> bool:
         return bool(self._pieces)
@@ -249,10 +266,9 @@ class H1Connection(asyncio.Protocol):
             raise EngineProtocolError("bytes after the response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        key = name.decode("latin-1").lower()
-        if key in ("content-length", "transfer-encoding"):
+        if self._until_eof and name.lower() in _FRAMING:
             self._until_eof = False
-        self.headers.append((key, value.decode("latin-1")))
+        self._raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
@@ -326,9 +342,11 @@ class H1Pool:
                 ssl=self._tls_context() if origin.tls else None,
             )
         except BaseException:
+            # (cancelled after the socket was made: the connection's own loss is not counted)
             self.open -= 1
             self._make_room()
             raise
+        conn.counted = True
         return conn
 
     def release(self, conn: H1Connection) -> None:
@@ -345,6 +363,9 @@ class H1Pool:
 
     def forget(self, conn: H1Connection) -> None:
         """A connection ended (called by the connection itself)."""
+        if not conn.counted:
+            return
+        conn.counted = False
         self.open -= 1
         stack = self._idle.get(conn.origin)
         if stack is not None and conn in stack:

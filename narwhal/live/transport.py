@@ -235,7 +235,7 @@ class EngineTransport:
             return ConnectFailed("refused")
         except ENGINE_ERRORS:
             return ConnectFailed("reset")
-        return Reply(conn.status, content, tuple(conn.headers))
+        return Reply(conn.status, content, conn.headers())
 
     async def open_stream(
         self,

@@ -249,4 +249,6 @@ def test_a_request_is_one_write_with_its_length_and_refuses_a_header_that_would_
     with pytest.raises(ValueError):
         request_bytes("GET", origin, "/", {"X-Request-Id": "a\r\nX-Evil: 1"}, None)
     with pytest.raises(ValueError):
+        request_bytes("GET", origin, "/", {"X-Evil: 1\r\nX-Request-Id": "a"}, None)
+    with pytest.raises(ValueError):
         Origin.of("ftp://engine")
