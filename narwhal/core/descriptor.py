@@ -43,6 +43,7 @@ what the producer wrote, and the caller may mutate its copy freely.
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any, TypeGuard
 
 from narwhal.core.jsoncopy import json_copy
@@ -348,9 +349,16 @@ def side_channel_of(descriptor: dict[str, Any], connector: str) -> str | None:
     return None if parts is None else _join_host_port(*parts)
 
 
+@functools.lru_cache(maxsize=64)
+def _parse_pinned(pinned: str) -> tuple[str, int]:
+    """The pinned side channel, parsed once per value (it comes from the config and is
+    checked against every descriptor)."""
+    return parse_side_channel(pinned)
+
+
 def _check_side_channel(params: dict[str, Any], connector: str, pinned: str) -> None:
     try:
-        pinned_host, pinned_port = parse_side_channel(pinned)
+        pinned_host, pinned_port = _parse_pinned(pinned)
     except ValueError as exc:
         raise ValueError(f"pinned side channel is unusable: {exc}") from None
     parts = _side_channel_parts(params, connector)

@@ -43,6 +43,7 @@ from narwhal.live.clock import AnyioClock, to_wall
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # Time per output token: vLLM's buckets for its own histogram of the same name.
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+MAX_PLACEMENT_CHILDREN = 4096  # cached (engine, phase) children; cleared when full (reloads)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 
 # A counter's ``_created`` series doubles every series for a timestamp Prometheus does not use
@@ -331,6 +332,8 @@ class RouterMetrics:
         self._per_model: dict[str, _ModelSeries] = {}
         # narwhal_requests children by (outcome, status, model): bounded sets, each looked up once
         self._request_counts: dict[tuple[str, int, str], Any] = {}
+        # narwhal_placements children by (engine, phase), bounded by the fleet's engines
+        self._placement_counts: dict[tuple[str, str], Any] = {}
 
     def attach(self, policies: Policies, clock: AnyioClock) -> None:
         """Start collecting the fleet gauges of ``policies``."""
@@ -366,12 +369,21 @@ class RouterMetrics:
                 series.time_per_output_token.observe(decode_s / (record.output_tokens - 1))
 
     def on_decision(self, decision: Decision) -> None:
-        detail = dict(decision.detail)
         engine = decision.engine or ""
         kind = decision.kind
-        if kind == "place":
-            self.placements.labels(engine, str(detail.get("phase", ""))).inc()
-        elif kind == "eject":
+        if kind == "place":  # twice per request: its children are looked up once each
+            phase = str(dict(decision.detail).get("phase", ""))
+            placed = self._placement_counts.get((engine, phase))
+            if placed is None:
+                if len(self._placement_counts) >= MAX_PLACEMENT_CHILDREN:
+                    self._placement_counts.clear()
+                placed = self._placement_counts[engine, phase] = self.placements.labels(
+                    engine, phase
+                )
+            placed.inc()
+            return
+        detail = dict(decision.detail)
+        if kind == "eject":
             self.ejections.labels(engine, str(detail.get("reason", ""))).inc()
         elif kind == "readmit":
             self.readmissions.labels(engine, str(detail.get("via", ""))).inc()
