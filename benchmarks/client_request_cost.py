@@ -1,4 +1,5 @@
-"""CPU per engine call: aiohttp's ``ClientSession`` against one write on a kept connection.
+"""CPU per engine call: aiohttp's ``ClientSession``, one write on a kept connection, and
+Narwhal's engine transport.
 
 Usage: ``.venv/bin/python benchmarks/client_request_cost.py``
 
@@ -8,8 +9,10 @@ process's CPU time per round trip (the server's share is the same in both). ``Cl
 what Narwhal's engine client uses (``narwhal/live/transport.py``); the other variant writes the
 request's head and body in one ``transport.write`` on a connection it keeps and reads the reply
 with aiohttp's own protocol and C parser (``aiohttp.client_proto.ResponseHandler``): no request
-objects, no pool lookup, no task for the body. The difference is what a leaner request path
-would save per prefill call and per decode open (docs/benchmarks.md, "What remains").
+objects, no pool lookup, no task for the body. The third is Narwhal's own
+``EngineTransport.call`` (``narwhal/live/transport.py`` over ``narwhal/live/h1client.py``) as the
+router's prefill leg makes it: the body encoded from a dict, the call under its deadline, one
+write on a pooled connection, the reply parsed by llhttp (docs/live.md, "The engine client").
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import uvloop
 from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
 from yarl import URL
+
+from narwhal.live.clock import AnyioClock
+from narwhal.live.transport import EngineTransport
 
 PORT = 18779
 CALLS = 3000
@@ -78,12 +84,24 @@ async def main() -> None:
         _, payload = await protocol.read()
         await payload.read()
 
+    clock = AnyioClock()
+    engines = EngineTransport(clock)
+    leg = json.loads(BODY)
+
+    async def narwhal_call() -> None:
+        base = f"http://127.0.0.1:{PORT}"
+        await engines.call(
+            base, "POST", "/v1/completions", leg, {"X-Request-Id": "a"}, clock.now() + 5
+        )
+
     try:
         for _ in range(2):  # alternated: the machine's speed drifts
             print(f"ClientSession.request: {await cpu_per_call(with_session):.0f} us CPU per call")
             print(f"one write, kept conn.: {await cpu_per_call(one_write):.0f} us CPU per call")
+            print(f"EngineTransport.call:  {await cpu_per_call(narwhal_call):.0f} us CPU per call")
     finally:
         transport.close()
+        await engines.aclose()
         await session.close()
         await runner.cleanup()
 
