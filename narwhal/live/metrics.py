@@ -302,6 +302,13 @@ class RouterMetrics:
             ["engine"],
             registry=r,
         )
+        self.empty_streams_charged = Counter(
+            "narwhal_empty_streams_charged",
+            "streams ended before any token, charged to their consumer once another engine "
+            "answered the same request with tokens",
+            ["engine"],
+            registry=r,
+        )
         self.stale = Counter(
             "narwhal_stale_results", "late results ignored by the breaker", ["engine"], registry=r
         )
@@ -399,6 +406,8 @@ class RouterMetrics:
             self.quarantine_fallbacks.labels(engine, str(detail.get("phase", ""))).inc()
         elif kind == "eject_capped":
             self.ejections_capped.labels(engine).inc()
+        elif kind == "empty_stream_charged":
+            self.empty_streams_charged.labels(engine).inc()
         elif kind == "load_report_ignored":  # logged only when the reason changes
             log.warning("load report of %s ignored: %s", engine, detail.get("reason"))
         elif kind == "load_report_resumed":

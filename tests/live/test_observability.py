@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from narwhal.core.records import Decision
 from narwhal.live.metrics import RouterMetrics
 from tests.live.conftest import HTTP, Emulator, RouterHandle
 
@@ -117,3 +118,14 @@ def test_the_client_time_to_first_token_is_first_byte_s() -> None:
 
 def _help(text: str, name: str) -> str:
     return next(line for line in text.splitlines() if line.startswith(f"# HELP {name} "))
+
+
+def test_an_empty_stream_charged_is_counted_per_engine() -> None:
+    """The core's ``empty_stream_charged`` decision (narwhal/core/empty_streams.py) is a counter
+    by engine, so an operator sees which consumer answers ``[DONE]`` before any token."""
+    metrics = RouterMetrics()
+    for engine in ("http://c1", "http://c1", "http://c2"):
+        metrics.on_decision(Decision(0.0, "empty_stream_charged", engine, (("request", "r"),)))
+    text = metrics.render().decode()
+    assert 'narwhal_empty_streams_charged_total{engine="http://c1"} 2.0' in text
+    assert 'narwhal_empty_streams_charged_total{engine="http://c2"} 1.0' in text
