@@ -1,0 +1,128 @@
+"""Where a router's CPU per 1-token request goes: user against system time, and (``--perf``)
+which shared objects the user time is spent in. Not a test.
+
+Usage::
+
+    .venv/bin/python benchmarks/router_cpu.py          # narwhal, vllm-router, aiohttp-relay
+    .venv/bin/python benchmarks/router_cpu.py --perf   # and perf's split of Narwhal's samples
+
+The fleet, the routers and the load client are ``benchmarks/routers.py``'s (one producer, one
+consumer, every timing at 0; 16 closed-loop streamed completions of one token), two rounds per
+router, alternated. Each round reads the router process's user and system CPU (every thread)
+from ``/proc`` when the measured window opens and ends. ``--perf`` records the router with
+``perf record -F 1999 -g`` during its second round and prints ``perf report``'s share of samples
+by shared object (``libpython`` is Python bytecode being run, ``loop.cpython`` uvloop,
+``[kernel.kallsyms]`` the system calls).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import routers  # this folder's benchmark harness
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of every thread of ``pid``."""
+    user = system = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        user += int(fields[11])
+        system += int(fields[12])
+    return user / routers.CLK_TCK, system / routers.CLK_TCK
+
+
+def perf_split(recording: Path) -> str:
+    report = subprocess.run(
+        ["perf", "report", "-i", str(recording), "--no-children", "-g", "none", "--sort", "dso"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = [line for line in report.splitlines() if line.strip() and not line.startswith("#")]
+    return "\n".join(rows[:12])
+
+
+def measure(
+    loadgen: routers.LoadGen, name: str, url: str, pid: int, recording: Path | None
+) -> tuple[int, float, float]:
+    """One round: requests served, and the router's user and system CPU seconds meanwhile
+    (recorded by perf into ``recording`` when one is given)."""
+    marks: dict[str, Any] = {}
+
+    def opened() -> None:
+        marks["start"] = cpu_times(pid)
+        if recording is not None:
+            marks["perf"] = subprocess.Popen(
+                ["perf", "record", "-F", "1999", "-g", "-p", str(pid), "-o", str(recording)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
+    def closed() -> None:
+        marks["end"] = cpu_times(pid)
+        if "perf" in marks:
+            marks["perf"].send_signal(2)
+            marks["perf"].wait(30)
+
+    result = loadgen.run(
+        {
+            "cmd": "throughput",
+            "target": {"kind": "router", "url": url, "name": name},
+            "concurrency": 16,
+            "max_tokens": 1,
+            "bound": 30.0,
+            "warmup": 1.0,
+            "duration": 4.0,
+        },
+        on_start=opened,
+        on_end=closed,
+    )
+    (user0, sys0), (user1, sys1) = marks["start"], marks["end"]
+    return sum(result["outcomes"].values()), user1 - user0, sys1 - sys0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", default=["narwhal", "vllm-router", "aiohttp-relay"])
+    parser.add_argument("--perf", action="store_true", help="perf's split of Narwhal's samples")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="narwhal-router-cpu-"))
+    stack = routers.Stack(workdir)
+    try:
+        fleet = routers.start_fleet(stack, "cpu", 1, 1)
+        loadgen = routers.LoadGen(stack)
+        specs = {}
+        for name in args.only:
+            spec = routers.router_spec(name, fleet, workdir, 30.0)
+            stack.start(name, spec.argv)
+            routers.wait_router(spec, 30)
+            specs[name] = spec
+        for round_index in range(2):
+            for name, spec in specs.items():
+                profile = args.perf and round_index == 1 and name == "narwhal"
+                recording = workdir / f"{name}.perf" if profile else None
+                served, user, system = measure(
+                    loadgen, name, spec.url, stack.procs[name].pid, recording
+                )
+                print(
+                    f"{name:>14} round {round_index + 1}: {served} requests, per request "
+                    f"user {1e3 * user / served:.3f} ms, system {1e3 * system / served:.3f} ms",
+                    flush=True,
+                )
+                if recording is not None:
+                    print(perf_split(recording))
+    finally:
+        stack.stop_all()
+
+
+if __name__ == "__main__":
+    main()
