@@ -67,6 +67,9 @@ class FaultActor:
             self.book.add(spec)
 
     async def start(self) -> None:
+        """Serve the HTTP port, then start the engine-wide faults given before."""
+        if self.listener is not None:
+            self.listener.start()
         for spec in self._pending:
             await self.add(spec)
         self._pending.clear()
@@ -85,6 +88,11 @@ class FaultActor:
             self.listener.pause()
         if spec.seconds is not None:
             self._later(spec.seconds, self.thaw)
+
+    def stop(self) -> None:
+        """Stop serving the HTTP port (lifespan shutdown)."""
+        if self.listener is not None:
+            self.listener.stop()
 
     async def clear(self) -> None:
         """No fault left: the per-request ones forgotten, the engine-wide ones ended."""

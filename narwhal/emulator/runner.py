@@ -27,7 +27,7 @@ from narwhal.serving import bind, make_server, port_of
 class BuiltEmulator:
     app: EmulatorApp
     server: uvicorn.Server
-    sockets: list[socket.socket]
+    sockets: list[socket.socket]  # uvicorn's to serve (the KV side channel)
     url: str
     side_channel: str
 
@@ -48,11 +48,12 @@ def build_emulator(
     config = replace(config, port=http_port, side_channel=(kv_host, port_of(kv_sock)))
     app = EmulatorApp(config, faults)
     server = make_server(app, lifespan="on", graceful_s=graceful_s, log_level=log_level)
-    app.actor.listener = ListenerControl(server, config.host, http_port)
+    # the HTTP port is served by the listener control (from lifespan startup), uvicorn serves KV
+    app.actor.listener = ListenerControl(server, config.host, http_sock)
     return BuiltEmulator(
         app=app,
         server=server,
-        sockets=[http_sock, kv_sock],
+        sockets=[kv_sock],
         url=f"http://{config.host}:{http_port}",
         side_channel=f"{kv_host}:{port_of(kv_sock)}",
     )

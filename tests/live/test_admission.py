@@ -43,13 +43,25 @@ class Stream(threading.Thread):
         self.headers: httpx.Headers | None = None
         self.content = b""
         self.took_s = 0.0
+        self.error: BaseException | None = None  # what ended the stream early, if anything
 
     def run(self) -> None:
         started = time.monotonic()
-        with HTTP.stream("POST", self.url + "/v1/completions", json=self.body) as reply:
-            self.status, self.headers = reply.status_code, reply.headers
-            self.content = reply.read()
-        self.took_s = time.monotonic() - started
+        try:
+            with HTTP.stream("POST", self.url + "/v1/completions", json=self.body) as reply:
+                self.status, self.headers = reply.status_code, reply.headers
+                self.content = reply.read()
+        except BaseException as error:
+            self.error = error
+            raise
+        finally:
+            self.took_s = time.monotonic() - started
+
+    def summary(self) -> str:
+        """How the stream went, for an assertion's message."""
+        tail = self.content[-200:].decode(errors="replace")
+        took = f"{self.took_s:.3f} s"
+        return f"status {self.status} after {took}, error {self.error!r}, ends with {tail!r}"
 
     def text(self) -> str:
         events = [line[6:] for line in self.content.decode().splitlines() if line]
@@ -58,8 +70,10 @@ class Stream(threading.Thread):
 
 
 # Failed in the compiled stage of two clean-clone CI runs (an admitted stream was no longer
-# running when the refusals were joined), passed in every pure run and a local compiled run;
-# not yet explained (see the closing note). Rerun rather than block a landing.
+# running when the refusals were joined); not reproduced in compiled or pure runs, loaded or
+# not, where the eight refusals are all answered within 0.1 s of a 3 s stream, so the margin is
+# not what failed: an admitted stream ended early. The message now says how each ended (status,
+# duration, error, last bytes). Rerun rather than block a landing until one such message shows.
 @pytest.mark.flaky(reruns=2)
 def test_overload_is_refused_at_once_and_blamed_on_nobody(
     router: Callable[..., RouterHandle], pair: list[dict[str, Any]]
@@ -75,7 +89,8 @@ def test_overload_is_refused_at_once_and_blamed_on_nobody(
     for stream in extra:
         stream.join(timeout=10)
         assert not stream.is_alive(), "a refused request hung"
-    assert all(s.is_alive() for s in admitted), "the admitted streams should still be running"
+    ended = [s.summary() for s in admitted if not s.is_alive()]
+    assert not ended, f"admitted streams ended before the refusals were answered: {ended}"
     for stream in extra:
         assert stream.status == 503 and stream.headers is not None
         assert stream.headers["retry-after"] == "2"

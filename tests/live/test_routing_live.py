@@ -94,10 +94,6 @@ def test_least_loaded_sends_decodes_to_the_engine_reporting_less_load(
     assert handle.engine(loaded.url)["failure_streak"] == 0
 
 
-# Known flake under load (twice in about twenty full runs): the refusing emulator kept
-# answering most scrapes for the whole wait, so its `refused` fault (narwhal.emulator.listener)
-# did not hold; not yet explained. Rerun rather than fail the landing; the note tracks it.
-@pytest.mark.flaky(reruns=2)
 def test_a_failing_scrape_is_logged_once_per_reason_and_counted(
     emulator: Callable[..., Emulator],
     router: Callable[..., RouterHandle],
