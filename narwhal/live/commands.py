@@ -74,7 +74,9 @@ def register(subparsers: Any) -> None:
     preflight.set_defaults(func=preflight_command)
 
 
-def resolve_api_key(flag: str | None, path: str | None, environ: Mapping[str, str]) -> str | None:
+def resolve_api_key(
+    flag: str | None, path: str | None, environ: Mapping[str, str]
+) -> str | None:
     """The key from ``--api-key``, ``--api-key-file`` or the environment, in that order; None
     when none is given. A key given but empty is refused: taken as "no key", it would turn
     authentication off without a word."""
