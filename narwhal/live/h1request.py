@@ -41,7 +41,19 @@ BODY_HIGH_WATER = 256 * 1024  # unread request body bytes at which the socket st
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 CRLF = b"\r\n"
 LAST_CHUNK = b"0\r\n\r\n"
-_NOT_SENDABLE = re.compile(r"[\r\n\0]|^$")
+_NOT_IN_NAMES = re.compile(r"[\s:\0]")
+_NOT_IN_VALUES = re.compile(r"[\r\n\0]")
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """Refuse a header that would end the head early or start another (a name with a colon or
+    a space, a value with a line break): the names and the values are each searched at once."""
+    if (
+        "" in headers
+        or _NOT_IN_NAMES.search("".join(headers))
+        or _NOT_IN_VALUES.search("".join(headers.values()))
+    ):
+        raise ValueError(f"header not sendable: {headers!r}")
 
 
 class Headers(Mapping[str, str]):
@@ -208,9 +220,8 @@ class EdgeRequest:
         http11 = self.version >= (1, 1)
         conn = self.conn
         lines = [status_line(status, http11), conn.server.date_line()]
+        check_headers(headers)
         for name, value in headers.items():
-            if _NOT_SENDABLE.search(name) or _NOT_SENDABLE.search(value):
-                raise ValueError(f"header not sendable: {name!r}")
             lines.append(f"{name}: {value}\r\n".encode("latin-1"))
         lines.append(framing)
         if not self.keep_alive or conn.closing_after_answer():

@@ -125,6 +125,7 @@ class EdgeConnection(asyncio.Protocol):
         self.writing_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None  # None: a request is in progress
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._probe_timer: asyncio.TimerHandle | None = None
@@ -262,6 +263,8 @@ class EdgeConnection(asyncio.Protocol):
             return
         if self._heads != heads:
             self._head_bytes = 0
+        elif self._in_message and self._open_body is None and self._current is None:
+            self._arm_head_timer()  # a head begun and not complete in this read
         if self._in_message and self._open_body is None and self._head_bytes > MAX_HEAD_BYTES:
             log.warning("Request head over %d bytes: refused (431).", MAX_HEAD_BYTES)
             self._refuse(431, f"request line and headers over {MAX_HEAD_BYTES} bytes")
@@ -307,11 +310,7 @@ class EdgeConnection(asyncio.Protocol):
         self._in_message = True
         self._url = []
         self._fields = {}
-        if self._current is None:  # a request begins while none is handled: no longer idle
-            if self._idle_timer is not None:
-                self._idle_timer.cancel()
-                self._idle_timer = None
-            self._arm_head_timer()
+        self._idle_since = None  # a request begins: no longer idle
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
@@ -436,15 +435,25 @@ class EdgeConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ timers
 
     def _arm_idle(self) -> None:
-        self._idle_timer = self._loop.call_later(self.settings.idle_timeout_s, self._idle_ended)
+        """Idle from now. One timer serves every idle period: one that finds the connection
+        busy, or idle for less than the bound, is armed again for the rest (so a request costs
+        a clock read, not a timer)."""
+        self._idle_since = self._loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self._loop.call_later(self.settings.idle_timeout_s, self._idle_check)
 
-    def _idle_ended(self) -> None:
+    def _idle_check(self) -> None:
         self._idle_timer = None
-        if self._current is None:
-            if self.writing_paused:
-                self.abort()  # an answer its client never read: nothing to wait for
-            else:
-                self.close()
+        since = self._idle_since
+        if since is None or self._lost:
+            return  # busy: the answer's end arms it again
+        left = since + self.settings.idle_timeout_s - self._loop.time()
+        if left > 0:
+            self._idle_timer = self._loop.call_later(left, self._idle_check)
+        elif self.writing_paused:
+            self.abort()  # an answer its client never read: nothing to wait for
+        else:
+            self.close()
 
     def _arm_head_timer(self) -> None:
         limit = self.settings.head_timeout_s
