@@ -2,7 +2,7 @@
 
 Rule kept here: sockets are bound before the server starts (port 0 gives an ephemeral port that
 is known at once, with no race), and a server started here is always stopped by whoever started
-it (:class:`BackgroundServer` is a context manager). The live router (``narwhal serve``, aiohttp:
+it (:class:`BackgroundServer` is a context manager). The live router (``narwhal serve``, own server:
 :mod:`narwhal.live.serving`) and the engine emulator (``narwhal emulate``, uvicorn) both run this
 way, so the plumbing is neither's.
 

@@ -143,7 +143,7 @@ class ClientSettings(_Strict):
     # the longest one write to the client may stay blocked (the client's receive window full);
     # then the client is cut off, as its own fault. 0: only the request deadline bounds it
     write_timeout_s: DurationOrOff = 30.0
-    # the edge (narwhal.live.edgeprotocol): a request head must arrive within head_timeout_s of
+    # the edge (narwhal.live.h1server): a request head must arrive within head_timeout_s of
     # its first byte, its body within body_timeout_s of its head (0: no bound); a connection
     # with no request in progress is closed after idle_timeout_s
     head_timeout_s: DurationOrOff = 10.0

@@ -1,7 +1,7 @@
 """The ports: the only way core code touches time, engines and the client.
 
 Rule kept here: nothing in this module performs I/O. It declares the values that cross the
-boundary between the pure core and a driver (live: aiohttp, server and engine client, on
+boundary between the pure core and a driver (live: llhttp protocols, server and engine client, on
 uvloop; simulation: SimPy), and the Protocols a driver implements.
 
 Theory of operation: core coroutines (``async def``) await only objects returned by these ports.

@@ -1,4 +1,5 @@
-"""The live router: aiohttp request handlers around the core lifecycle.
+"""The live router: request handlers (on the edge server, :mod:`narwhal.live.h1server`) around
+the core lifecycle.
 
 Rule kept here: this module is a thin driver. It parses HTTP into the core's values, hands each
 request to :func:`narwhal.core.lifecycle.serve_request` and the fleet to
@@ -33,14 +34,12 @@ import hmac
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_response import Response, StreamResponse
 
 from narwhal.core import wire
 from narwhal.core.config import NarwhalConfig
@@ -61,8 +60,9 @@ from narwhal.core.requests import (
 )
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock
-from narwhal.live.edgeprotocol import CONTINUE, EdgeRequestHandler
 from narwhal.live.gate import HostGate, json_refusal
+from narwhal.live.h1request import EdgeRequest, Response
+from narwhal.live.h1server import Handler
 from narwhal.live.lag import LagMonitor
 from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.reload import DEFAULT_POLL_S, ConfigReloader
@@ -81,17 +81,12 @@ DECISIONS_KEPT = 10_000  # the decision log a router holds in memory (it runs fo
 log = logging.getLogger("narwhal.live")
 
 
-Handler = Callable[[BaseRequest], Awaitable[StreamResponse]]
-
-
 def json_response(
     body: Any, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
     """A JSON response (what every endpoint but ``/metrics`` and the streams answers)."""
     return Response(
-        status=status,
-        body=wire.to_json(body),
-        headers={**(headers or {}), "content-type": "application/json"},
+        status, wire.to_json(body), {**(headers or {}), "content-type": "application/json"}
     )
 
 
@@ -290,7 +285,7 @@ class Router:
             401,
         )
 
-    async def _models(self, request: BaseRequest) -> StreamResponse:
+    async def _models(self, request: EdgeRequest) -> Response | None:
         if not self.authorized(request.headers):
             return self.unauthorized()
         merged: dict[str, dict[str, Any]] = {}
@@ -306,13 +301,13 @@ class Router:
             )
         return json_response({"object": "list", "data": list(merged.values())})
 
-    async def _livez(self, request: BaseRequest) -> StreamResponse:
+    async def _livez(self, request: EdgeRequest) -> Response | None:
         """Liveness: the process serves. Apart from readiness (``/health``) so that an outage
         of the engines, which ``/health`` reports, never gets the router restarted and its
         breaker state thrown away."""
         return json_response({"status": "alive"})
 
-    async def _health(self, request: BaseRequest) -> StreamResponse:
+    async def _health(self, request: EdgeRequest) -> Response | None:
         now = self.clock.now()
         placement = self.policies.placement
         ready = {phase: len(placement.candidates(phase, now)) for phase in ("prefill", "decode")}
@@ -322,15 +317,15 @@ class Router:
             {"status": "ok" if ok else "degraded", "eligible": ready}, 200 if ok else 503
         )
 
-    async def _metrics(self, request: BaseRequest) -> StreamResponse:
-        return Response(body=self.metrics.render(), headers={"content-type": PROMETHEUS_TEXT})
+    async def _metrics(self, request: EdgeRequest) -> Response | None:
+        return Response(200, self.metrics.render(), {"content-type": PROMETHEUS_TEXT})
 
-    async def _status(self, request: BaseRequest) -> StreamResponse:
+    async def _status(self, request: EdgeRequest) -> Response | None:
         return json_response(status_document(self.policies, self.clock))
 
     # ------------------------------------------------------------------ routing
 
-    async def handle(self, request: BaseRequest) -> StreamResponse:
+    async def handle(self, request: EdgeRequest) -> Response | None:
         """Every request the server accepts: the Host gate, then its route's handler."""
         if self.hosts.allowed:  # client.allowed_hosts
             refusal = self.hosts.refusal(request.path, request.headers)
@@ -348,7 +343,7 @@ class Router:
 
 
 def _route_error(
-    request: BaseRequest, status: int, what: str, kind: str, headers: dict[str, str] | None = None
+    request: EdgeRequest, status: int, what: str, kind: str, headers: dict[str, str] | None = None
 ) -> Response:
     """An unknown path (404) or a wrong method (405), in OpenAI's error shape."""
     body = wire.error_object(status, f"{what}: {request.method} {request.path}", kind)
@@ -378,7 +373,7 @@ class _Inference:
         self.router = router
         self.endpoint = endpoint
 
-    async def __call__(self, request: BaseRequest) -> StreamResponse:
+    async def __call__(self, request: EdgeRequest) -> Response | None:
         router = self.router
         arrival = router.clock.now()
         headers = request.headers
@@ -391,11 +386,13 @@ class _Inference:
         not_json = json_refusal(headers)  # a web page's "simple" cross-origin POST (gate.py)
         if not_json is not None:
             await sink.respond(415, not_json, {})
-            return sink.server_response()
+            sink.done()
+            return None
         admission = router.policies.admission
         if not admission.try_admit(arrival, request_id):  # before the body is read
             await refuse(request_id, arrival, router.ports, router.policies, sink)
-            return sink.server_response()
+            sink.done()
+            return None
         served = router.reporter.begin(request_id, self.endpoint, headers, sink)
         try:
             parsed = await self._read_request(request, sink, request_id, arrival)
@@ -404,10 +401,11 @@ class _Inference:
         finally:
             admission.release()
             router.reporter.end(served)
-        return sink.server_response()
+        sink.done()
+        return None
 
     async def _read_request(
-        self, request: BaseRequest, sink: ResponseSink, request_id: str, arrival: float
+        self, request: EdgeRequest, sink: ResponseSink, request_id: str, arrival: float
     ) -> ClientRequest | None:
         """The client's request, or None once it has been answered (413, 400) or left.
 
@@ -441,7 +439,7 @@ class _Inference:
     async def _serve(
         self,
         parsed: ClientRequest,
-        request: BaseRequest,
+        request: EdgeRequest,
         sink: ResponseSink,
         served: ServedRequest,
     ) -> None:
@@ -452,10 +450,8 @@ class _Inference:
             await serve_request(parsed, router.ports, router.policies, sink)
             await sink.finish()
 
-        protocol = request.protocol
-        assert isinstance(protocol, EdgeRequestHandler)
         try:
-            await run_with_disconnect(protocol.closed, sink, work)
+            await run_with_disconnect(request.closed, sink, work)
         except anyio.get_cancelled_exc_class():
             # The server cancels what is still running when its shutdown grace period ends:
             # the client gets a clear end (a 503, or one terminal SSE event after the 200)
@@ -467,9 +463,10 @@ class _Inference:
             if answering:
                 router.reporter.shut_down(served, committed)
 
-    async def _read_body(self, request: BaseRequest, sink: ResponseSink) -> bytes | None:
-        """The whole body within ``admission.max_body_bytes`` (aiohttp's own ``client_max_size``
-        answers in plain text, so the bound is kept here), or None once answered or gone."""
+    async def _read_body(self, request: EdgeRequest, sink: ResponseSink) -> bytes | None:
+        """The whole body within ``admission.max_body_bytes``, or None once answered or gone.
+        (The first read answers ``expect: 100-continue``: a body declared too large is refused
+        before the client sends it.)"""
         limit = self.router.config.admission.max_body_bytes
         too_large = wire.error_object(
             413,
@@ -480,15 +477,10 @@ class _Inference:
         if declared.isdigit() and int(declared) > limit:
             await sink.respond(413, too_large, {})
             return None
-        body = request.content
-        if not body.is_eof() and request.headers.get("expect", "").lower() == "100-continue":
-            transport = request.transport
-            if transport is not None and request.version >= (1, 1):
-                transport.write(CONTINUE)
         parts: list[bytes] = []
         size = 0
         try:
-            while chunk := await body.readany():
+            while chunk := await request.readany():
                 size += len(chunk)
                 if size > limit:
                     await sink.respond(413, too_large, {})

@@ -133,7 +133,7 @@ def serve_command(args: argparse.Namespace) -> int:
         return serve_workers(args, config, api_key)
     if hasattr(signal, "SIGHUP"):  # until the reload loop takes it: not the default (exit)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:  # the server's own messages (aiohttp's, narwhal.live's): for people, on stderr
+    try:  # the server's own messages (narwhal.live's): for people, on stderr
         logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
     except ValueError as error:
         print(f"narwhal serve: --log-level: {error}", file=sys.stderr)

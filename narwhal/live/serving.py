@@ -1,7 +1,7 @@
-"""The router's HTTP server: aiohttp's low-level server with the edge's bounds, on uvloop.
+"""The router's HTTP server: Narwhal's HTTP/1.1 protocol with the edge's bounds, on uvloop.
 
 Rule kept here: ``narwhal serve`` and the tests that stand in for it build the router's server
-here, so both run the same parser, loop and bounds (:mod:`narwhal.live.edgeprotocol`, bound to
+here, so both run the same parser, loop and bounds (:mod:`narwhal.live.h1server`, bound to
 the ``[client]`` settings); binding sockets and running a server in a thread is
 :mod:`narwhal.serving`, shared with the emulator.
 
@@ -29,11 +29,10 @@ import socket
 from collections.abc import Callable
 
 import uvloop
-from aiohttp import web
 
 from narwhal.core.config import ClientSettings
 from narwhal.live.app import Router
-from narwhal.live.edgeprotocol import EdgeServer
+from narwhal.live.h1server import EdgeServer
 
 # the engine connection pool's bound (narwhal.live.transport) plus files, sockets and headroom
 OWN_DESCRIPTORS = 1000 + 256
@@ -61,7 +60,7 @@ def ensure_descriptors(needed: int) -> int:
 
 
 class RouterServer:
-    """The router served by aiohttp on pre-bound sockets (``with BackgroundServer(...)`` in
+    """The router served on pre-bound sockets (``with BackgroundServer(...)`` in
     tests and tools, :meth:`run` in the foreground for ``narwhal serve``)."""
 
     def __init__(self, router: Router, *, client: ClientSettings, graceful_s: float) -> None:
@@ -103,16 +102,17 @@ class RouterServer:
             for number in (signal.SIGINT, signal.SIGTERM):
                 self._loop.add_signal_handler(number, self._stop.set)
         async with self.router.running():
-            server = EdgeServer(self.router.handle, self.client)
-            runner = web.ServerRunner(server, shutdown_timeout=self.graceful_s)
-            await runner.setup()
+            edge = EdgeServer(self.router.handle, self.client)
+            listening: list[asyncio.Server] = []
             try:
                 for sock in sockets:
-                    await web.SockSite(runner, sock).start()
+                    listening.append(await self._loop.create_server(edge, sock=sock))
                 self.started = True
                 await self._stop.wait()
             finally:
-                await runner.cleanup()
+                for server in listening:
+                    server.close()
+                await edge.shutdown(self.graceful_s)
                 if signals:
                     for number in (signal.SIGINT, signal.SIGTERM):
                         self._loop.remove_signal_handler(number)
@@ -126,7 +126,7 @@ class RouterServer:
 def make_router_server(
     router: Router, *, client: ClientSettings, graceful_s: float = 1.0
 ) -> RouterServer:
-    """The router's server: aiohttp's parser with the edge's bounds, on uvloop (the emulator
-    keeps uvicorn and h11, whose connection internals its ``reset`` fault uses)."""
+    """The router's server: llhttp with the edge's bounds, on uvloop (the emulator keeps
+    uvicorn and h11, whose connection internals its ``reset`` fault uses)."""
     ensure_descriptors(client.max_connections + OWN_DESCRIPTORS)
     return RouterServer(router, client=client, graceful_s=graceful_s)

@@ -1,36 +1,36 @@
-"""The live client sink: the core's :class:`~narwhal.core.ports.ClientSink` over one aiohttp
-request's response.
+"""The live client sink: the core's :class:`~narwhal.core.ports.ClientSink` over one request's
+response at the router's edge (:class:`narwhal.live.h1request.EdgeRequest`).
 
 Rule kept here: the sink only writes what the core tells it to, in HTTP's order (one status and
 head, then body bytes), within the deadline the core gives each write, and turns a departed
 client into :class:`~narwhal.core.ports.ClientGone`; it decides nothing about statuses, content
 or how long a client may take.
 
-Theory of operation: :meth:`ResponseSink.respond` sends a complete JSON response (its head and body
-in one send); :meth:`commit` fixes HTTP 200 with the SSE headers (the commit point: from then on
-the response is a stream, whatever happens) and :meth:`send` streams body bytes after it;
+Theory of operation: :meth:`ResponseSink.respond` sends a complete JSON response (its head and
+body in one send); :meth:`commit` fixes HTTP 200 with the SSE headers (the commit point: from
+then on the response is a stream, whatever happens) and :meth:`send` streams body bytes after it;
 :meth:`end` sends a stream's last bytes and ends its body in the same write, and :meth:`finish`
-ends a committed body the core left open (the shutdown's terminal event). aiohttp holds a committed
-head and sends it with the first body bytes (:class:`HeldHeadStream`), so the commit is one send
-with the first token; a response that ends before any body write still gets its head
-(:meth:`server_response`). aiohttp's ``write`` hands the bytes to the transport, then waits
-(drains) while the connection's write buffer is over its high-water mark (the client is not
-reading). That wait is bounded by the write's deadline with one :class:`WriteDeadline` per sink (a
+ends a committed body the core left open (the shutdown's terminal event). The committed head is
+held and sent with the first body bytes, so the commit is one send with the first token; a
+response that ends before any body write still gets its head (:meth:`done`). Each write hands
+its bytes to the transport at once; only while the connection's write buffer is over its
+high-water mark (the client is not reading) does it wait (drain). That wait is bounded by the
+write's deadline with one :class:`WriteDeadline` per sink (a
 :class:`~narwhal.live.waits.Deadline`: one loop timer, re-armed only when a write's deadline is
-earlier than the armed one, so the router's own stalls do not count against the client and a write
-costs a comparison and a few assignments). A write still waiting at its deadline is abandoned: the
-timer marks the sink *cut* and aborts the connection, which ends aiohttp's wait (its bytes, and
+earlier than the armed one, so the router's own stalls do not count against the client; a write
+that does not wait does not touch it). A write still waiting at its deadline is abandoned: the
+timer marks the sink *cut* and aborts the connection, which ends the wait (its bytes, and
 whatever else the transport still held, are dropped: the client was not reading them), and the
 write returns ``TimedOut``. No task is cancelled for it. After the cut every write returns
-``TimedOut`` at once and :meth:`finish` writes nothing. :meth:`server_response` is what the handler
-returns to aiohttp: for a response left incomplete (cut, or the client gone) the connection is
-closed first, so aiohttp cannot end the body as if it were whole; it also disarms the sink's timer.
-:meth:`finish` is bounded by the deadline of the last write (it ends that write's response). A
-write to a closed connection raises ``ConnectionResetError``, which is ``ClientGone``. While the
-core serves, :func:`run_with_disconnect` watches the connection's end (a future the edge resolves):
+``TimedOut`` at once and :meth:`finish` writes nothing. :meth:`done` is the handler's last call:
+for a response left incomplete (cut, or the client gone) the connection is closed, so the
+server never ends the body as if it were whole; it also disarms the sink's timer. :meth:`finish`
+is bounded by the deadline of the last write (it ends that write's response). A write to a
+closed connection raises ``ConnectionResetError``, which is ``ClientGone``. While the core
+serves, :func:`run_with_disconnect` watches the connection's end (a future the edge resolves):
 when the client leaves first it marks the sink gone and cancels the core's lifecycle, which
-releases what it holds in ``finally``. A disconnect after the response was complete, or caused by
-the sink's own cut, is not the client leaving and is ignored.
+releases what it holds in ``finally``. A disconnect after the response was complete, or caused
+by the sink's own cut, is not the client leaving and is ignored.
 """
 
 from __future__ import annotations
@@ -42,13 +42,10 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_response import Response, StreamResponse
-
 from narwhal.core.ports import ClientGone, Clock, TimedOut, WriteResult
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock
+from narwhal.live.h1request import EdgeRequest
 from narwhal.live.waits import Deadline
 
 T = TypeVar("T")
@@ -65,20 +62,12 @@ class WriteDeadline(Deadline["ResponseSink"]):
         waiter.cut_off()
 
 
-class HeldHeadStream(StreamResponse):
-    """A streamed response whose head aiohttp holds at ``prepare()`` and sends in the same
-    transport write as the first body bytes (or the body's end), as it does for a complete
-    :class:`~aiohttp.web.Response`; a plain ``StreamResponse`` sends its head alone."""
-
-    _send_headers_immediately = False  # aiohttp's switch for this (Response sets it too)
-
-
 class ResponseSink:
-    """Writes one HTTP response to an aiohttp request, each write within its deadline."""
+    """Writes one HTTP response to an edge request, each write within its deadline."""
 
     def __init__(
         self,
-        request: BaseRequest,
+        request: EdgeRequest,
         extra_headers: dict[str, str] | None = None,
         *,
         clock: Clock | None = None,
@@ -87,35 +76,38 @@ class ResponseSink:
         self._request = request
         self._extra = dict(extra_headers or {})
         self._timer = WriteDeadline(clock or AnyioClock(), stalls)
-        self._response: StreamResponse | None = None
-        self._stream: AbstractStreamWriter | None = None  # a committed response's writer
         self.gone = False
         self.cut = False  # a write timed out: nothing more is written
         self.started = False  # the status and head are fixed (a committed head may be held)
         self.finished = False  # the body's end was written
         self.status: int | None = None
 
-    async def _emit(self, write: Awaitable[Any], deadline: float) -> WriteResult:
-        """Await one write; ``TimedOut`` when it was still waiting at ``deadline``."""
-        if self.gone:
-            if asyncio.iscoroutine(write):
-                write.close()
-            raise ClientGone()
-        if self.cut:
-            if asyncio.iscoroutine(write):
-                write.close()
-            return _TIMED_OUT
+    async def _drained(self, deadline: float) -> WriteResult:
+        """Wait, until ``deadline``, while the client is not reading what was written;
+        ``TimedOut`` when it was still waiting then. A loss during the wait marks the sink
+        gone (the loss cancels the request: :func:`run_with_disconnect`)."""
+        request = self._request
+        if not request.conn.writing_paused:
+            return None
         timer = self._timer
         timer.wait_begins(deadline, self)
         try:
-            await write
-        except OSError as error:
+            await request.drain()
+        except OSError:
             if not self.cut:  # lost, not cut by the deadline
                 self.gone = True
-                raise ClientGone() from error
         finally:
             timer.waiter = None
         return _TIMED_OUT if self.cut else None
+
+    def _write(self, write: Callable[[bytes], None], data: bytes) -> bool:
+        """One write to the transport; False (and the sink gone) when the connection is."""
+        try:
+            write(data)
+        except OSError:
+            self.gone = True
+            return False
+        return True
 
     async def respond(
         self,
@@ -126,16 +118,25 @@ class ResponseSink:
     ) -> WriteResult:
         if self.started:
             raise RuntimeError("respond() after the response started")
-        response = Response(
-            status=status,
-            body=json.dumps(body).encode(),
-            headers={**self._extra, **headers, "content-type": "application/json"},
-        )
-        self._response, self.started, self.status = response, True, status
-        if await self._emit(response.prepare(self._request), deadline) is not None:
+        if self.gone:
+            raise ClientGone()
+        if self.cut:
             return _TIMED_OUT
+        self.started, self.status = True, status
+        try:
+            self._request.respond(
+                status,
+                {**self._extra, **headers, "content-type": "application/json"},
+                json.dumps(body).encode(),
+            )
+        except OSError as error:
+            self.gone = True
+            raise ClientGone() from error
         self.finished = True
-        return await self._emit(response.write_eof(), deadline)
+        result = await self._drained(deadline)
+        if self.gone:
+            raise ClientGone()
+        return result
 
     async def commit(self, headers: dict[str, str], deadline: float = math.inf) -> WriteResult:
         if self.started:
@@ -144,92 +145,62 @@ class ResponseSink:
             raise ClientGone()
         if self.cut:
             return _TIMED_OUT
-        response = HeldHeadStream(status=200, headers={**self._extra, **headers})
-        self._response, self.started, self.status = response, True, 200
         # the head is held, not written: nothing here waits on the client, and the first
         # send's deadline bounds the head with the bytes it goes out with
-        self._stream = await response.prepare(self._request)
+        self._request.hold_head(200, {**self._extra, **headers})
+        self.started, self.status = True, 200
         return None
 
     async def send(self, data: bytes, deadline: float = math.inf) -> WriteResult:
-        # _emit inlined: this runs once per streamed chunk
         if self.gone:
             raise ClientGone()
         if self.cut:
             return _TIMED_OUT
-        response = self._response
-        assert response is not None, "send() before commit()"
-        timer = self._timer
-        timer.wait_begins(deadline, self)
-        try:
-            await response.write(data)
-        except OSError:
-            # aiohttp hands the data to the transport, then waits for it to drain: the
-            # connection was lost during (or before) the wait, or the deadline cut it. A loss
-            # cancels the request (run_with_disconnect); a later write raises ClientGone.
-            if not self.cut:
-                self.gone = True
-        finally:
-            timer.waiter = None
-        return _TIMED_OUT if self.cut else None
+        assert self.started, "send() before commit()"
+        if not self._write(self._request.write, data):
+            return None  # the loss cancels the request; a later write raises ClientGone
+        return await self._drained(deadline)
 
     async def end(self, data: bytes, deadline: float = math.inf) -> WriteResult:
-        """A committed stream's last bytes and its body's end, in one write (aiohttp puts the
-        last chunk, the chunked terminator and a head still held in one transport write)."""
+        """A committed stream's last bytes and its body's end, in one write (the last chunk,
+        the chunked terminator and a head still held go out together)."""
         if self.gone:
             raise ClientGone()
         if self.cut:
             return _TIMED_OUT
-        response = self._response
-        assert response is not None, "end() before commit()"
-        timer = self._timer
-        timer.wait_begins(deadline, self)
-        try:
-            await response.write_eof(data)
-        except OSError:
-            if not self.cut:  # as in send: the loss cancels the request, a later write raises
-                self.gone = True
-        finally:
-            timer.waiter = None
-        if self.cut:
-            return _TIMED_OUT
-        self.finished = not self.gone
-        return None
+        assert self.started, "end() before commit()"
+        if not self._write(self._request.write_eof, data):
+            return None
+        result = await self._drained(deadline)
+        self.finished = not self.gone and not self.cut
+        return result
 
     async def finish(self, last: bytes = b"") -> None:
         """End a committed body, after ``last`` (no-op when the response is complete, never
         began, or was cut), within the deadline of the last write."""
-        response = self._response
         if self.started and not self.finished and not self.gone and not self.cut:
-            assert response is not None
             self.finished = True
-            with contextlib.suppress(ClientGone):
-                await self._emit(response.write_eof(last), self._timer.deadline)
+            if self._write(self._request.write_eof, last):
+                await self._drained(self._timer.deadline)
 
     def cut_off(self) -> None:
         """The write in progress outlasted its deadline: cut the client off. Aborting the
-        connection ends the write's wait (it returns, or fails with ``ConnectionResetError``),
-        and the write then reports ``TimedOut``; the connection's end is not a disconnect."""
+        connection ends the write's wait (it fails with ``ConnectionResetError``), and the
+        write then reports ``TimedOut``; the connection's end is not a disconnect."""
         self.cut = True
-        transport = self._request.transport
-        if transport is not None:
-            transport.abort()
+        self._request.abort()
 
-    def server_response(self) -> StreamResponse:
-        """What the handler returns to aiohttp. A response not complete (cut, the client gone,
-        or never begun) closes the connection first, after a committed head still held: aiohttp
-        then writes nothing more."""
+    def done(self) -> None:
+        """The handler's last call. A response not complete (cut, the client gone, or never
+        begun) closes the connection, after a committed head still held: the client sees the
+        200, and nothing more is written."""
         self._timer.disarm()
-        response = self._response
-        if response is None or not self.finished or self.gone or self.cut:
-            stream = self._stream
-            if stream is not None and not self.gone and not self.cut:
+        request = self._request
+        if not self.finished or self.gone or self.cut:
+            if self.started and not self.gone and not self.cut:
                 with contextlib.suppress(ConnectionError):
-                    stream.send_headers()  # a head still held: the client sees the 200
-            transport = self._request.transport
-            if transport is not None:
-                transport.close()
-        return response if response is not None else Response(status=499)
+                    request.send_held_head()
+            request.close()
 
 
 async def run_with_disconnect(

@@ -1,4 +1,4 @@
-"""Loopback harness: emulated engines (uvicorn) and routers (aiohttp) in background threads.
+"""Loopback harness: emulated engines (uvicorn) and routers (h1server) in background threads.
 
 Every server is started through a fixture that stops it at teardown, so nothing outlives a test.
 """

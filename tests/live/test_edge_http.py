@@ -105,7 +105,7 @@ def test_an_http_1_0_client_gets_an_unchunked_stream_ended_by_the_close(
 ) -> None:
     answer = exchange(handle, post({"prompt": "hi", "max_tokens": 4, "stream": True}, "1.0"))
     status, headers, body = split(answer)
-    assert status == "HTTP/1.0 200 OK"  # aiohttp answers in the request's version
+    assert status == "HTTP/1.0 200 OK"  # answered in the request's version
     assert "transfer-encoding" not in headers and "content-length" not in headers
     # no keep-alive: the close ends the body (HTTP/1.0's default, so no connection header)
     assert headers["content-type"] == "text/event-stream"

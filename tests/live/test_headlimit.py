@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from narwhal.live.headlimit import MAX_HEAD_BYTES
+from narwhal.live.h1server import MAX_HEAD_BYTES
 from tests.live.conftest import HTTP, RouterHandle, Servers, start_emulator, start_router
 
 

@@ -18,13 +18,11 @@ from typing import Any
 
 import pytest
 import uvloop
-from aiohttp import web
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_response import StreamResponse
 
 from narwhal.core.config import ClientSettings
 from narwhal.core.ports import ClientGone, TimedOut
-from narwhal.live.edgeprotocol import EdgeRequestHandler, EdgeServer
+from narwhal.live.h1request import EdgeRequest, Response
+from narwhal.live.h1server import EdgeServer
 from narwhal.live.sink import ResponseSink, run_with_disconnect
 from narwhal.serving import bind, port_of
 
@@ -33,7 +31,7 @@ CHUNK = b"x" * 4096
 WRITE_TIMEOUT_S = 0.3
 REQUEST = b"GET /stream HTTP/1.1\r\nhost: test\r\n\r\n"
 
-Handler = Callable[[BaseRequest], Awaitable[StreamResponse]]
+Handler = Callable[[EdgeRequest], Awaitable[Response | None]]
 
 
 def run(main: Callable[[], Awaitable[Any]]) -> Any:
@@ -49,9 +47,7 @@ async def serve_one(handler: Handler, client: Client) -> None:
     sock = bind("127.0.0.1", 0)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)  # accepted ones inherit
     edge = EdgeServer(handler, ClientSettings())
-    runner = web.ServerRunner(edge, shutdown_timeout=0.1)
-    await runner.setup()
-    await web.SockSite(runner, sock).start()
+    listening = await asyncio.get_running_loop().create_server(edge, sock=sock)
     peer = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER // 2)
     peer.setblocking(False)
@@ -61,7 +57,8 @@ async def serve_one(handler: Handler, client: Client) -> None:
         await client(peer, edge)
     finally:
         peer.close()
-        await runner.cleanup()
+        listening.close()
+        await edge.shutdown(0.1)
 
 
 async def read_to_end(peer: socket.socket, limit_s: float = 5.0) -> bytes:
@@ -73,17 +70,11 @@ async def read_to_end(peer: socket.socket, limit_s: float = 5.0) -> bytes:
     return received
 
 
-def closed_of(request: BaseRequest) -> asyncio.Future[None]:
-    protocol = request.protocol
-    assert isinstance(protocol, EdgeRequestHandler)
-    return protocol.closed
-
-
 def test_a_write_blocked_past_its_deadline_is_cut_not_cancelled() -> None:
     seen: dict[str, Any] = {}
     handled = asyncio.Event()
 
-    async def handler(request: BaseRequest) -> StreamResponse:
+    async def handler(request: EdgeRequest) -> Response | None:
         sink = ResponseSink(request)
 
         async def work() -> str:
@@ -97,10 +88,11 @@ def test_a_write_blocked_past_its_deadline_is_cut_not_cancelled() -> None:
                     seen["after"] = await sink.send(CHUNK, time.monotonic() + 60)
                     return "cut"
 
-        seen["work"] = await run_with_disconnect(closed_of(request), sink, work)
+        seen["work"] = await run_with_disconnect(request.closed, sink, work)
         seen["cut"], seen["gone"] = sink.cut, sink.gone
         handled.set()
-        return sink.server_response()
+        sink.done()
+        return None
 
     async def client(peer: socket.socket, edge: EdgeServer) -> None:
         async with asyncio.timeout(5):
@@ -122,7 +114,7 @@ def test_a_client_that_leaves_cancels_the_work() -> None:
     seen: dict[str, Any] = {}
     handled, committed = asyncio.Event(), asyncio.Event()
 
-    async def handler(request: BaseRequest) -> StreamResponse:
+    async def handler(request: EdgeRequest) -> Response | None:
         sink = ResponseSink(request)
 
         async def work() -> str:
@@ -135,12 +127,13 @@ def test_a_client_that_leaves_cancels_the_work() -> None:
                 raise
             return "never"
 
-        seen["work"] = await run_with_disconnect(closed_of(request), sink, work)
+        seen["work"] = await run_with_disconnect(request.closed, sink, work)
         seen["gone"] = sink.gone
         with pytest.raises(ClientGone):
             await sink.send(CHUNK, time.monotonic() + 1)
         handled.set()
-        return sink.server_response()
+        sink.done()
+        return None
 
     async def client(peer: socket.socket, edge: EdgeServer) -> None:
         async with asyncio.timeout(5):
@@ -158,7 +151,7 @@ def test_another_cancellation_or_timeout_propagates(source: str) -> None:
     seen: dict[str, Any] = {}
     handled = asyncio.Event()
 
-    async def handler(request: BaseRequest) -> StreamResponse:
+    async def handler(request: EdgeRequest) -> Response | None:
         sink = ResponseSink(request)
 
         async def work() -> None:
@@ -168,13 +161,14 @@ def test_another_cancellation_or_timeout_propagates(source: str) -> None:
 
         try:
             async with asyncio.timeout(0.1):  # as a shutdown's cancellation would
-                await run_with_disconnect(closed_of(request), sink, work)
+                await run_with_disconnect(request.closed, sink, work)
         except TimeoutError as error:
             seen["raised"] = str(error)
         seen["gone"] = sink.gone
         await sink.respond(503, {"error": "stopped"}, {}, time.monotonic() + 1)
         handled.set()
-        return sink.server_response()
+        sink.done()
+        return None
 
     async def client(peer: socket.socket, edge: EdgeServer) -> None:
         async with asyncio.timeout(5):
@@ -191,11 +185,11 @@ def test_another_cancellation_or_timeout_propagates(source: str) -> None:
     assert seen == {"raised": "the work's own" if source == "work's own" else "", "gone": False}
 
 
-def counted_writes(request: BaseRequest) -> list[bytes]:
+def counted_writes(request: EdgeRequest) -> list[bytes]:
     """Every ``transport.write`` of ``request``'s connection from now on, one entry per call
     (one send each on an idle socket). Needs asyncio's own loop: uvloop's transport is a C type
     whose ``write`` cannot be wrapped."""
-    transport = request.transport
+    transport = request.conn.transport
     assert transport is not None
     writes: list[bytes] = []
     write = transport.write
@@ -221,7 +215,7 @@ async def read_until(peer: socket.socket, end: bytes, limit_s: float = 5.0) -> b
 def test_the_head_goes_with_the_first_token_and_the_end_with_the_last() -> None:
     seen: dict[str, Any] = {}
 
-    async def handler(request: BaseRequest) -> StreamResponse:
+    async def handler(request: EdgeRequest) -> Response | None:
         sink = ResponseSink(request)
         seen["writes"] = writes = counted_writes(request)
         assert await sink.commit({"content-type": "text/event-stream"}) is None
@@ -230,7 +224,8 @@ def test_the_head_goes_with_the_first_token_and_the_end_with_the_last() -> None:
         assert await sink.end(b"data: [DONE]\n\n") is None
         seen["finished"] = sink.finished
         await sink.finish()  # the body is already whole: nothing more
-        return sink.server_response()
+        sink.done()
+        return None
 
     async def client(peer: socket.socket, edge: EdgeServer) -> None:
         seen["body"] = await read_until(peer, b"\r\n0\r\n\r\n")
@@ -246,10 +241,11 @@ def test_the_head_goes_with_the_first_token_and_the_end_with_the_last() -> None:
 
 
 def test_a_held_head_reaches_the_client_when_the_stream_ends_before_any_body() -> None:
-    async def handler(request: BaseRequest) -> StreamResponse:
+    async def handler(request: EdgeRequest) -> Response | None:
         sink = ResponseSink(request)
         assert await sink.commit({"content-type": "text/event-stream"}) is None
-        return sink.server_response()  # incomplete: the connection is closed after the head
+        sink.done()  # incomplete: the connection is closed after the head
+        return None
 
     async def client(peer: socket.socket, edge: EdgeServer) -> None:
         body = await read_to_end(peer)

@@ -15,7 +15,7 @@ nothing; ``/health`` stays 200) from HANG_FROM_S to HANG_TO_S. The router: first
   timing model), ``[workload] kind = "fixed"`` and a :data:`FAULT` window on ``d1``.
 - Live: three emulated engines (``narwhal emulate``'s app, ``LinearTiming`` with the same four
   parameters) and a :class:`~narwhal.live.app.Router`, each served on 127.0.0.1 (the engines by
-  uvicorn, the router by its aiohttp server), on one asyncio loop in one thread with the client
+  uvicorn, the router by its own server), on one asyncio loop in one thread with the client
   that drives the scenario (see :func:`run_live`). Requests are sent at the scenario times (real
   time, no scaling); the fault is switched on (``POST /admin/faults`` with the same kind) and off
   (``DELETE /admin/faults``) at the window's start and end. The router gets the very configuration
