@@ -1,4 +1,4 @@
-"""Server CPU per request: aiohttp's low-level server against a bare llhttp protocol.
+"""Server CPU per request: aiohttp's low-level server, Narwhal's edge, a bare llhttp protocol.
 
 Usage: ``.venv/bin/python benchmarks/server_request_cost.py``
 
@@ -8,10 +8,12 @@ answers a one-token stream (a chunked SSE response: the head with the first even
 one kept-alive connection, one request at a time, and the figure is the server process's CPU
 time per request, two alternating rounds. ``aiohttp`` is the stack of the router's
 client-facing server (``narwhal/live/serving.py``: ``web.Server`` with a ``StreamResponse``);
-``llhttp protocol`` is an ``asyncio.Protocol`` fed to ``httptools``' parser that writes its
-answer itself, with none of the edge's bounds: what is left of a server when nothing but the
-request and the answer is done, so the difference bounds what a leaner server could save per
-request (docs/benchmarks.md, "What remains").
+``narwhal edge`` is the router's own server and sink as the router uses them
+(``narwhal/live/h1server.py``'s ``EdgeServer``, ``narwhal/live/sink.py``'s ``ResponseSink``: the
+body read, the commit, one event, ``[DONE]`` with the body's end), every bound of the edge
+armed; ``llhttp protocol`` is an ``asyncio.Protocol`` fed to ``httptools``' parser that writes
+its answer itself, with none of those bounds: what is left of a server when nothing but the
+request and the answer is done (docs/benchmarks.md, "Where Narwhal's time goes").
 """
 
 from __future__ import annotations
@@ -51,6 +53,31 @@ def serve_aiohttp(port: int, ready: Event) -> None:
         runner = web.ServerRunner(web.Server(handler, access_log=None))
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
+        ready.set()
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+def serve_narwhal_edge(port: int, ready: Event) -> None:
+    from narwhal.core.config import ClientSettings
+    from narwhal.live.h1request import EdgeRequest, Response
+    from narwhal.live.h1server import EdgeServer
+    from narwhal.live.sink import ResponseSink
+
+    async def handler(request: EdgeRequest) -> Response | None:
+        while await request.readany():
+            pass
+        sink = ResponseSink(request, {"x-request-id": "r"})
+        await sink.commit({"content-type": "text/event-stream"})
+        await sink.send(EVENT)
+        await sink.end(DONE)
+        sink.done()
+        return None
+
+    async def main() -> None:
+        edge = EdgeServer(handler, ClientSettings())
+        await asyncio.get_running_loop().create_server(edge, "127.0.0.1", port)
         ready.set()
         await asyncio.Event().wait()
 
@@ -122,6 +149,7 @@ def free_port() -> int:
 def main() -> None:
     servers: dict[str, Callable[[int, Event], None]] = {
         "aiohttp": serve_aiohttp,
+        "narwhal edge": serve_narwhal_edge,
         "llhttp protocol": serve_llhttp,
     }
     for _ in range(2):  # alternated: the machine's speed drifts
