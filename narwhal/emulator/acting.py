@@ -89,10 +89,16 @@ class FaultActor:
         if spec.seconds is not None:
             self._later(spec.seconds, self.thaw)
 
-    def stop(self) -> None:
-        """Stop serving the HTTP port (lifespan shutdown)."""
+    async def aclose(self) -> None:
+        """Lifespan shutdown: stop serving the HTTP port, end the pending fault timers and wait
+        for them and for the connections being handed over, so no task outlives the app."""
         if self.listener is not None:
-            self.listener.stop()
+            await self.listener.aclose()
+        timers = list(self._timers)
+        for task in timers:
+            task.cancel()
+        if timers:
+            await asyncio.gather(*timers, return_exceptions=True)
 
     async def clear(self) -> None:
         """No fault left: the per-request ones forgotten, the engine-wide ones ended."""

@@ -104,7 +104,7 @@ class EmulatorApp:
                 await self.actor.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                self.actor.stop()
+                await self.actor.aclose()
                 await self.handoff.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return

@@ -55,6 +55,12 @@ class ListenerControl:
             asyncio.get_running_loop().remove_reader(sock.fileno())
             sock.close()
 
+    async def aclose(self) -> None:
+        """Stop accepting, then wait for the connections still being handed over."""
+        self.stop()
+        if self._handing_over:
+            await asyncio.gather(*self._handing_over, return_exceptions=True)
+
     def _accept(self) -> None:
         """Accept every connection waiting and hand each to uvicorn's protocol."""
         sock = self._sock

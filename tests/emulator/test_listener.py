@@ -9,6 +9,7 @@ import socket
 
 import pytest
 
+from narwhal.emulator.faults import FaultSpec
 from narwhal.emulator.runner import build_emulator
 from narwhal.emulator.state import EmulatorConfig, Role
 
@@ -66,3 +67,29 @@ def test_a_paused_port_answers_no_connection_not_even_one_accepted_as_it_paused(
     late, kept = asyncio.run(pause_just_after_accept())
     assert kept == b""  # kept alive from before: closed by the pause
     assert late == b""  # accepted as the pause began: closed too, not left hanging
+
+
+def test_shutdown_leaves_no_fault_timer_running() -> None:
+    """An engine-wide fault's timer (a ``freeze`` for 60 s) does not outlive the emulator: the
+    lifespan's shutdown cancels it and waits for it, and the server ends at once."""
+
+    async def main() -> tuple[int, set[asyncio.Task[object]]]:
+        built = build_emulator(
+            EmulatorConfig(role=Role("decode")),
+            [FaultSpec("freeze", seconds=60.0)],
+            graceful_s=0.2,
+        )
+        actor = built.app.actor
+        serving = asyncio.create_task(built.server.serve(built.sockets))
+        async with asyncio.timeout(5):
+            while not built.server.started:
+                await asyncio.sleep(0.01)
+        timers = len(actor._timers)
+        built.server.should_exit = True
+        async with asyncio.timeout(5):
+            await serving
+        others = {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+        return timers, others
+
+    timers, left = asyncio.run(main())
+    assert timers == 1 and left == set()
