@@ -17,9 +17,6 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-_SCALAR_TYPES = frozenset({int, str, float, bool, type(None)})
-
-
 def _is_scalar(value: object) -> bool:
     """Whether ``value`` is a JSON scalar of exactly a built-in type (a subclass, e.g. an enum,
     is copied like any other object)."""
@@ -42,11 +39,10 @@ def json_copy(value: T) -> T:
         return copied  # type: ignore[return-value]
     if kind is list:
         items: list[Any] = value  # type: ignore[assignment]
-        # A list of scalars (block ids, token ids) is copied with one slice; its item types
-        # are gathered in one pass that runs in C.
-        if set(map(type, items)) <= _SCALAR_TYPES:
-            return items[:]  # type: ignore[return-value]
-        return [  # type: ignore[return-value]
-            item if _is_scalar(item) else json_copy(item) for item in items
-        ]
+        for item in items:  # a list of scalars (block ids, token ids) is copied with one slice
+            if not _is_scalar(item):
+                return [  # type: ignore[return-value]
+                    item if _is_scalar(item) else json_copy(item) for item in items
+                ]
+        return items[:]  # type: ignore[return-value]
     return copy.deepcopy(value)
