@@ -33,7 +33,6 @@ it cannot race the engine's own keep-alive close.
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +41,8 @@ from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
+
+from narwhal.live.h1request import check_headers
 
 MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and headers) longer than this is a fault
 HIGH_WATER = 256 * 1024  # unread body bytes at which the socket stops being read
@@ -77,26 +78,14 @@ class Origin:
         return Origin(parts.hostname, port, tls, parts.netloc, parts.path.rstrip("/"))
 
 
-_NOT_IN_A_NAME = re.compile(r"[\s:]|^$")
-_NOT_IN_A_VALUE = re.compile(r"[\r\n\0]")
-
-
-def _check_header(name: str, value: str) -> None:
-    """A header that would end the head early or start another is refused (a request id or key
-    with a line break cannot smuggle a header or a second request)."""
-    if _NOT_IN_A_NAME.search(name) or _NOT_IN_A_VALUE.search(value):
-        raise ValueError(f"header not sendable: {name!r}")
-
-
 def request_bytes(
     method: str, origin: Origin, path: str, headers: dict[str, str], body: bytes | None
 ) -> bytes:
     """One request's head and body, ready for one write. ``headers`` must not repeat the ones
     set here (Host, Content-Length)."""
+    check_headers(headers)  # a request id or key with a line break cannot smuggle a header
     lines = [f"{method} {origin.prefix}{path} HTTP/1.1", f"Host: {origin.host_header}"]
-    for name, value in headers.items():
-        _check_header(name, value)
-        lines.append(f"{name}: {value}")
+    lines.extend(f"{name}: {value}" for name, value in headers.items())
     if body is not None or method in ("POST", "PUT"):
         lines.append(f"Content-Length: {len(body) if body is not None else 0}")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

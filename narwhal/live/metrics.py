@@ -43,8 +43,8 @@ from narwhal.live.clock import AnyioClock, to_wall
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # Time per output token: vLLM's buckets for its own histogram of the same name.
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-MAX_PLACEMENT_CHILDREN = 4096  # cached (engine, phase) children; cleared when full (reloads)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+MAX_PLACEMENT_CHILDREN = 4096  # cached (engine, phase) children; cleared when full (reloads)
 
 # A counter's ``_created`` series doubles every series for a timestamp Prometheus does not use
 # (and `promtool check metrics` flags); prometheus_client's switch for it is process-wide.
