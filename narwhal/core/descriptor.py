@@ -34,6 +34,9 @@ failing one names the :class:`DescriptorReason`:
    flat list of them (an empty list is valid; ``bool`` is not an int).
 6. ``SIDE_CHANNEL_MISMATCH``: the engine contract pins the producer's KV side channel
    (``host:port``) and the descriptor names another one.
+7. ``NON_FINITE_NUMBER``: a number anywhere in the descriptor is NaN or infinite (``NaN``,
+   ``Infinity``, ``1e400``). JSON has no such numbers, so the decode leg could not carry it;
+   the parser accepts them, as ``json.loads`` does.
 
 A descriptor that passes is returned as a deep copy of the very object the producer sent:
 unknown fields are kept verbatim and no value is re-serialised, so the consumer sees exactly
@@ -47,6 +50,7 @@ import functools
 from typing import Any, TypeGuard
 
 from narwhal.core.jsoncopy import json_copy
+from narwhal.core.jsonparse import non_finite_at
 
 __all__ = [
     "KNOWN_CONNECTORS",
@@ -85,6 +89,7 @@ class DescriptorReason(enum.Enum):
     CONNECTOR_MISMATCH = "connector_mismatch"
     SIDE_CHANNEL_MISMATCH = "side_channel_mismatch"
     UNKNOWN_CONNECTOR = "unknown_connector"
+    NON_FINITE_NUMBER = "non_finite_number"
 
 
 class DescriptorError(ValueError):
@@ -411,4 +416,9 @@ def validate_descriptor(
     _check_block_ids(params, connector)
     if pinned_side_channel is not None:
         _check_side_channel(params, connector, pinned_side_channel)
+    where = non_finite_at(params)
+    if where is not None:
+        raise DescriptorError(
+            DescriptorReason.NON_FINITE_NUMBER, f"{where} is not a finite number (JSON has none)"
+        )
     return json_copy(params)

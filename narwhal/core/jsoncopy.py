@@ -17,32 +17,30 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def _is_scalar(value: object) -> bool:
-    """Whether ``value`` is a JSON scalar of exactly a built-in type (a subclass, e.g. an enum,
-    is copied like any other object)."""
-    kind = type(value)
-    return kind is int or kind is str or kind is float or kind is bool or value is None
+_SCALARS = frozenset({int, str, float, bool, type(None)})
+"""The JSON scalars' exact built-in types (a subclass, e.g. an enum, is copied like any other
+object). Membership of ``type(value)`` is one lookup, made inline in the loops below."""
 
 
 def json_copy(value: T) -> T:
     """A deep copy of a JSON value (dicts, lists, scalars)."""
-    if _is_scalar(value):
-        return value
     kind = type(value)
+    if kind in _SCALARS:
+        return value
     if kind is dict:
         source: dict[Any, Any] = value  # type: ignore[assignment]
         # a dict's copy shares its scalars; only containers are copied in turn
         copied = source.copy()
         for k, v in source.items():
-            if not _is_scalar(v):
+            if type(v) not in _SCALARS:
                 copied[k] = json_copy(v)
         return copied  # type: ignore[return-value]
     if kind is list:
         items: list[Any] = value  # type: ignore[assignment]
         for item in items:  # a list of scalars (block ids, token ids) is copied with one slice
-            if not _is_scalar(item):
+            if type(item) not in _SCALARS:
                 return [  # type: ignore[return-value]
-                    item if _is_scalar(item) else json_copy(item) for item in items
+                    item if type(item) in _SCALARS else json_copy(item) for item in items
                 ]
         return items[:]  # type: ignore[return-value]
     return copy.deepcopy(value)

@@ -20,10 +20,16 @@ whitespace inside counts as one more value). Counting over the raw bytes is a fe
 ``bytes.count``: commas and brackets inside strings can only make that count higher (each
 ``[]`` inside a string also holds a ``[``), so only when it is over the bound are the strings
 replaced by a one-byte stand-in and the count taken again, exactly.
+
+JSON has no NaN or infinite numbers, but the parser accepts ``NaN``, ``Infinity`` and
+overflowing literals (``1e400``), as ``json.loads`` does. :func:`non_finite_at` finds one in a
+parsed value; what the router sends on (a client body, a producer's descriptor) is checked with
+it where it comes in, so the encoder that writes engine requests never meets one.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -62,3 +68,40 @@ def parse_bounded_json(raw: bytes, max_values: int) -> Any:
     if value_bound(raw, max_values) > max_values:
         raise TooManyValues(f"request body holds more than {max_values} JSON values")
     return from_json(raw)
+
+
+_NESTED_OR_FLOAT = (float, dict, list)  # what may hold a non-finite number
+
+
+def non_finite_at(value: Any) -> str | None:
+    """Where the first NaN or infinite number in a JSON value is (``logit_bias.5``,
+    ``x[1]``; ``""`` for the value itself), or None when every number is finite."""
+    found = _non_finite(value)
+    if found is None:
+        return None
+    path = ""
+    for part in reversed(found):
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
+    return path
+
+
+def _non_finite(value: Any) -> list[str | int] | None:
+    """The path, innermost part first, to the first non-finite number (built only once one
+    is found), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, _NESTED_OR_FLOAT):
+                found = _non_finite(item)
+                if found is not None:
+                    found.append(str(key))
+                    return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, _NESTED_OR_FLOAT):
+                found = _non_finite(item)
+                if found is not None:
+                    found.append(index)
+                    return found
+    return None

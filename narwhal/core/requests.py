@@ -16,10 +16,10 @@ non-streaming clients; a non-streaming client gets the stream assembled into one
 
 from __future__ import annotations
 
-import math
 from typing import Any, Final
 
 from narwhal.core.jsoncopy import json_copy
+from narwhal.core.jsonparse import non_finite_at
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -56,42 +56,6 @@ def _positive_int(body: dict[str, Any], key: str) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise BadRequest(f"'{key}' must be a positive integer, got {value!r}")
-
-
-_NESTED_OR_FLOAT = (float, dict, list)  # what may hold a non-finite number
-
-
-def _non_finite(value: Any) -> list[str | int] | None:
-    """The path (innermost part first) to the first NaN or infinite number in a JSON value, or
-    None when every number is finite. The path is built only once one is found.
-
-    JSON has no such numbers, but parsers accept ``NaN``, ``Infinity`` and overflowing literals
-    (``1e400``); no engine body can carry them, so the request is refused up front."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(item, _NESTED_OR_FLOAT):
-                found = _non_finite(item)
-                if found is not None:
-                    found.append(str(key))
-                    return found
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            if isinstance(item, _NESTED_OR_FLOAT):
-                found = _non_finite(item)
-                if found is not None:
-                    found.append(index)
-                    return found
-    return None
-
-
-def _path(parts: list[str | int]) -> str:
-    """``logit_bias.5`` / ``x[1]`` from the innermost-first parts :func:`_non_finite` gives."""
-    path = ""
-    for part in reversed(parts):
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
-    return path
 
 
 def _single_prompt(prompt: list[Any]) -> bool:
@@ -133,9 +97,8 @@ def parse_client_request(
     _positive_int(body, "max_tokens")
     _positive_int(body, "max_completion_tokens")
     _positive_int(body, "n")
-    bad_number = _non_finite(body)
-    if bad_number is not None:
-        where = _path(bad_number)
+    where = non_finite_at(body)
+    if where is not None:  # no engine body can carry one: refused up front
         raise BadRequest(f"'{where}' must be a finite number (JSON has no NaN or Infinity)")
     if detach:
         clean = {k: json_copy(v) for k, v in body.items() if k != "kv_transfer_params"}

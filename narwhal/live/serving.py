@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import resource
 import signal
@@ -119,6 +120,9 @@ class RouterServer:
 
     def run(self, sockets: list[socket.socket]) -> None:
         """Serve in this thread, on uvloop, until SIGINT or SIGTERM."""
+        # What the process made before serving (modules, the configuration, the router) lives
+        # as long as it does: frozen, the collector's full passes stop walking it.
+        gc.freeze()
         with asyncio.Runner(loop_factory=self.loop_factory()) as runner:
             runner.run(self.serve(sockets, signals=True))
 

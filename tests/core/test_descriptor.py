@@ -435,6 +435,24 @@ def test_bool_block_id_is_rejected() -> None:
     assert "remote_block_ids[0][1]" in info.value.detail and "bool" in info.value.detail
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "where"),
+    [
+        ("tp_size", float("nan"), "tp_size"),
+        ("remote_num_tokens", float("inf"), "remote_num_tokens"),
+        ("extra", {"scores": [1.0, float("-inf")]}, "extra.scores[1]"),
+    ],
+)
+def test_a_non_finite_number_anywhere_is_refused(field: str, value: Any, where: str) -> None:
+    # what a parser lets through from "NaN", "Infinity" or "1e400": the decode leg's JSON
+    # could not carry it
+    d = {**VLLM_NIXL_EXAMPLE, field: value}
+    with pytest.raises(DescriptorError) as info:
+        validate_descriptor(d, NIXL)
+    assert info.value.reason is R.NON_FINITE_NUMBER
+    assert info.value.detail.startswith(f"{where} is not a finite number")
+
+
 def test_push_mode_needs_no_block_ids() -> None:
     push = {k: v for k, v in VLLM_NIXL_EXAMPLE.items() if k != "remote_block_ids"}
     push["transfer_mode"] = "push"

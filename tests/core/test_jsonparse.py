@@ -11,7 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from narwhal.core.jsonparse import TooManyValues, parse_bounded_json, parse_json, value_bound
+from narwhal.core.jsonparse import (
+    TooManyValues,
+    non_finite_at,
+    parse_bounded_json,
+    parse_json,
+    value_bound,
+)
 
 JSON = st.recursive(
     st.none()
@@ -105,3 +111,17 @@ def test_strings_in_an_array_still_count_once_cut_out() -> None:
     raw = b'[""' + b',""' * 99 + b',[""],{"k":""},[],{}]'
     assert value_bound(raw, 0) == 1 + 100 + 2 + 2 + 2  # root, strings, two holders + theirs
     assert parse_bounded_json(raw, 107)[-1] == {}
+
+
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        (b"NaN", ""),
+        (b'{"a": 1e400}', "a"),
+        (b'{"a": [0.5, {"b": [1, 2.5, -Infinity]}], "c": NaN}', "a[1].b[2]"),
+        (b'[[1], [2, NaN]]', "[1][1]"),
+        (b'{"a": [1.5, 2], "b": {"c": "NaN"}, "d": 1e308}', None),
+    ],
+)
+def test_non_finite_at_names_the_first_one_by_its_path(raw: bytes, where: str | None) -> None:
+    assert non_finite_at(parse_json(raw)) == where
