@@ -119,7 +119,7 @@ def test_strings_in_an_array_still_count_once_cut_out() -> None:
         (b"NaN", ""),
         (b'{"a": 1e400}', "a"),
         (b'{"a": [0.5, {"b": [1, 2.5, -Infinity]}], "c": NaN}', "a[1].b[2]"),
-        (b'[[1], [2, NaN]]', "[1][1]"),
+        (b"[[1], [2, NaN]]", "[1][1]"),
         (b'{"a": [1.5, 2], "b": {"c": "NaN"}, "d": 1e308}', None),
     ],
 )
