@@ -27,7 +27,7 @@ Phases:
    event), wrong-but-200 (200, no error signalled, text not the expected one), hung (not finished
    at the bound).
 
-The load generator is this file run with ``--loadgen`` in its own process (httpx, asyncio), driven
+The load generator is this file run with ``--loadgen`` in its own process (aiohttp, uvloop), driven
 over stdin/stdout with JSON lines. Results go to benchmarks/results/routers-<stamp>.{json,csv}.
 ``--profile`` also records Narwhal with py-spy under two loads and prints where its time goes.
 """
@@ -90,7 +90,7 @@ async def _one(
     counter: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """One streamed completion through ``target``; never raises."""
-    import httpx
+    import aiohttp
 
     body: dict[str, Any] = {
         "model": MODEL,
@@ -115,19 +115,20 @@ async def _one(
             if target["kind"] == "direct_pd":
                 leg = dict(body, max_tokens=1, stream=False)
                 leg["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False}
-                reply = await client.post(target["prefill"] + "/v1/completions", json=leg)
-                body["kv_transfer_params"] = reply.json().get("kv_transfer_params")
+                async with client.post(target["prefill"] + "/v1/completions", json=leg) as reply:
+                    prefilled = json.loads(await reply.read())
+                body["kv_transfer_params"] = prefilled.get("kv_transfer_params")
                 url = target["decode"] + "/v1/completions"
             else:
                 url = target["url"] + "/v1/completions"
-            async with client.stream("POST", url, json=body) as response:
-                rec["status"] = response.status_code
-                if response.status_code != 200:
-                    rec["detail"] = (await response.aread())[:200].decode(errors="replace")
+            async with client.post(url, json=body) as response:
+                rec["status"] = response.status
+                if response.status != 200:
+                    rec["detail"] = (await response.read())[:200].decode(errors="replace")
                     rec["outcome"] = "error"
                 else:
                     buf = b""
-                    async for chunk in response.aiter_bytes():
+                    async for chunk in response.content.iter_any():
                         buf += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
                         while True:
                             cut = buf.find(b"\n\n")
@@ -166,7 +167,7 @@ async def _one(
     except TimeoutError:
         rec["outcome"] = "hung"
         rec["detail"] = f"status={rec['status']} tokens={rec['tokens']}"
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as error:
+    except (aiohttp.ClientError, ValueError, KeyError, TypeError, AttributeError) as error:
         rec["outcome"] = "error"
         rec["detail"] = f"{type(error).__name__}: {error}"[:200]
     rec["latency"] = time.perf_counter() - start
@@ -250,12 +251,18 @@ async def _cmd_faults(client: Any, cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 def loadgen_main() -> None:
-    """The load generator process: one JSON command per stdin line, one JSON answer per line."""
-    import httpx
+    """The load generator process: one JSON command per stdin line, one JSON answer per line.
+
+    Its client is aiohttp's on uvloop: an httpx client on asyncio spends more CPU per chunk
+    than the routers it measures, so with 16 streams the throughput rounds' TTFT was mostly
+    the load generator's own queueing."""
+    import aiohttp
+    import uvloop
 
     async def serve() -> None:
-        limits = httpx.Limits(max_connections=2000, max_keepalive_connections=256)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        connector = aiohttp.TCPConnector(limit=2000, limit_per_host=0)
+        timeout = aiohttp.ClientTimeout(total=None)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
             loop = asyncio.get_running_loop()
             while True:
                 line = await loop.run_in_executor(None, sys.stdin.readline)
@@ -271,7 +278,7 @@ def loadgen_main() -> None:
                 }[cmd["cmd"]]
                 _emit({"event": "end", "result": await handler(client, cmd)})
 
-    asyncio.run(serve())
+    uvloop.run(serve())
 
 
 # ====================================================================== processes
@@ -402,7 +409,10 @@ class Fleet:
     decodes: list[Engine] = field(default_factory=list)
 
 
-def start_fleet(stack: Stack, tag: str, prefills: int, decodes: int) -> Fleet:
+def start_fleet(
+    stack: Stack, tag: str, prefills: int, decodes: int, decode_s_per_token: float = 0.0
+) -> Fleet:
+    """Emulated engines with every timing at 0 but ``decode_s_per_token``."""
     fleet = Fleet()
     for role, count, bucket in (
         ("prefill", prefills, fleet.prefills),
@@ -415,7 +425,7 @@ def start_fleet(stack: Stack, tag: str, prefills: int, decodes: int) -> Fleet:
                 [
                     str(PY), str(NODELAY), "emulate", "--port", str(engine.port), "--role", role,
                     "--kv-side-channel", f"127.0.0.1:{engine.kv_port}",
-                    "--prefill-s-per-token", "0", "--decode-s-per-token", "0",
+                    "--prefill-s-per-token", "0", "--decode-s-per-token", str(decode_s_per_token),
                     "--kv-s-per-token", "0", "--overhead-s", "0",
                     "--seed", str(index), "--log-level", "warning",
                 ],
@@ -692,9 +702,7 @@ def phase_overhead(
     for round_index in range(cfg.tput_rounds):
         for workload, tokens, seconds in workloads:
             for target in targets:
-                if target["name"] == "direct-pd" or (
-                    workload == "requests" and target["kind"] != "router"
-                ):
+                if workload == "requests" and target["kind"] != "router":
                     continue
                 result = measure(
                     stack, loadgen, target, cfg.tput_concurrency, seconds, tokens, fleet_port
@@ -1076,7 +1084,7 @@ def report(results: dict[str, Any]) -> str:
             table(["target", "n", "p50", "p99", "added p50 vs direct", "added p99 vs direct"], rows)
         )
         rows = []
-        for name in ["direct", *ovh["names"]]:
+        for name in ["direct", "direct-pd", *ovh["names"]]:
             t = ovh["streaming"][name]
             q = ovh["requests"].get(name, {})
             rows.append(

@@ -159,6 +159,8 @@ class ResponseSink:
         assert self.started, "send() before commit()"
         if not self._write(self._request.write, data):
             return None  # the loss cancels the request; a later write raises ClientGone
+        if not self._request.conn.writing_paused:
+            return None  # the usual case, once per read of a stream: nothing to wait for
         return await self._drained(deadline)
 
     async def end(self, data: bytes, deadline: float = math.inf) -> WriteResult:

@@ -1,0 +1,132 @@
+"""Time to first token under 16 concurrent streams, from engines that pace their tokens: what
+a router adds to TTFT under load when the fleet is not saturated. Not a test.
+
+Usage::
+
+    .venv/bin/python benchmarks/paced_ttft.py     # narwhal, vllm-router, aiohttp-relay (~2 min)
+    .venv/bin/python benchmarks/paced_ttft.py --only narwhal vllm-router --rounds 5
+
+The fleet, the routers (with their settings) and the load generator are
+``benchmarks/routers.py``'s: one producer and one consumer (``narwhal emulate``, decode
+``--decode-s-per-token`` seconds per token, 0.01 by default, every other timing 0), 16
+closed-loop streamed completions of 64 tokens, rounds alternating between the targets
+(``direct``: decode-only on the consumer; ``direct-pd``: the load generator does the prefill
+leg and the decode leg itself, no router). In ``routers.py``'s throughput rounds the
+engines run at full speed, so the consumer emulator is saturated and its turn-taking between
+new and running streams sets the TTFT there (a router that streams faster leaves the consumer
+busier with running streams); paced, the consumer has spare time, and the TTFT a router adds
+over ``direct`` is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import routers  # this folder's benchmark harness
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def one_round(
+    loadgen: routers.LoadGen, target: dict[str, Any], pgid: int | None, seconds: float
+) -> tuple[dict[str, Any], float]:
+    """One closed-loop round against ``target``; its result and the router's CPU seconds."""
+    marks: dict[str, float] = {}
+
+    def sample(key: str) -> None:
+        marks[key] = routers.group_cpu_seconds(pgid) if pgid else 0.0
+
+    result = loadgen.run(
+        {
+            "cmd": "throughput",
+            "target": target,
+            "concurrency": 16,
+            "max_tokens": 64,
+            "bound": 30.0,
+            "warmup": 1.0,
+            "duration": seconds,
+        },
+        on_start=lambda: sample("start"),
+        on_end=lambda: sample("end"),
+    )
+    return result, marks["end"] - marks["start"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", default=["narwhal", "vllm-router", "aiohttp-relay"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=6.0, help="per round and target")
+    parser.add_argument("--decode-s-per-token", type=float, default=0.01)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="narwhal-paced-"))
+    stack = routers.Stack(workdir)
+    ttfts: dict[str, list[float]] = {}
+    cpu: dict[str, float] = {}
+    chunks: dict[str, int] = {}
+    try:
+        fleet = routers.start_fleet(stack, "paced", 1, 1, args.decode_s_per_token)
+        loadgen = routers.LoadGen(stack)
+        prefill, decode = fleet.prefills[0].url, fleet.decodes[0].url
+        targets: list[dict[str, Any]] = [
+            {"name": "direct", "kind": "direct", "url": decode},
+            {"name": "direct-pd", "kind": "direct_pd", "prefill": prefill, "decode": decode},
+        ]
+        for name in args.only:
+            spec = routers.router_spec(name, fleet, workdir, 30.0)
+            stack.start(name, spec.argv)
+            routers.wait_router(spec, 30)
+            targets.append({"name": name, "kind": "router", "url": spec.url})
+        for round_index in range(args.rounds):
+            for target in targets:
+                name = target["name"]
+                pgid = stack.procs[name].pid if name in stack.procs else None
+                result, router_cpu = one_round(loadgen, target, pgid, args.seconds)
+                ttfts.setdefault(name, []).extend(result["ttfts"])
+                cpu[name] = cpu.get(name, 0.0) + router_cpu
+                chunks[name] = chunks.get(name, 0) + result["chunks"]
+                bad = {k: v for k, v in result["outcomes"].items() if k != "ok"}
+                print(
+                    f"round {round_index + 1} {name:>14}: TTFT p50 "
+                    f"{1e3 * statistics.median(result['ttfts']):.1f} ms, "
+                    f"{result['chunks'] / result['elapsed']:.0f} chunks/s"
+                    + (f", not ok: {bad}" if bad else ""),
+                    flush=True,
+                )
+    finally:
+        stack.stop_all()
+        shutil.rmtree(workdir, ignore_errors=True)
+    base = statistics.median(ttfts["direct"])
+    rows = []
+    for name, values in ttfts.items():
+        p50 = statistics.median(values)
+        rows.append(
+            [
+                name,
+                len(values),
+                f"{1e3 * p50:.2f}",
+                f"{1e3 * quantile(values, 0.9):.2f}",
+                f"{1e3 * (p50 - base):.2f}",
+                f"{1e6 * cpu[name] / chunks[name]:.1f}" if cpu.get(name) else "-",
+            ]
+        )
+    print(
+        f"\n16 closed-loop streams of 64 tokens, decode {1e3 * args.decode_s_per_token:g} ms "
+        f"per token, {args.rounds} rounds of {args.seconds:g} s per target"
+    )
+    headers = ["target", "n", "TTFT p50 ms", "p90 ms", "added p50 ms", "CPU ms / 1000 chunks"]
+    print(routers.table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()
