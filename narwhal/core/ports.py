@@ -26,14 +26,14 @@ from typing import Any, Final, Protocol
 
 
 class Reply:
-    """A complete (non-streaming) HTTP response from an engine."""
+    """A complete (non-streaming) HTTP response from an engine: its status and body (no
+    decision reads an engine's response headers, so none are carried)."""
 
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("body", "status")
 
-    def __init__(self, status: int, body: bytes, headers: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, status: int, body: bytes) -> None:
         self.status: Final = status
         self.body: Final = body
-        self.headers: Final = headers
 
 
 class ConnectFailed:

@@ -110,7 +110,6 @@ class H1Connection(asyncio.Protocol):
 
     def _begin(self) -> None:
         self.status = 0
-        self._raw_headers: list[tuple[bytes, bytes]] = []
         self.head_done = False
         self.complete = False  # the response's body came to its end
         self.keep_alive = False
@@ -151,14 +150,6 @@ class H1Connection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
         return data
-
-    def headers(self) -> tuple[tuple[str, str], ...]:
-        """The response's headers as (lower-case name, value), decoded only when asked (a
-        stream's are never read)."""
-        return tuple(
-            (name.decode("latin-1").lower(), value.decode("latin-1"))
-            for name, value in self._raw_headers
-        )
 
     def has_unread(self) -> bool:
         return bool(self._pieces)
@@ -255,9 +246,9 @@ class H1Connection(asyncio.Protocol):
             raise EngineProtocolError("bytes after the response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # only the framing is read: no decision looks at an engine's response headers
         if self._until_eof and name.lower() in _FRAMING:
             self._until_eof = False
-        self._raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()

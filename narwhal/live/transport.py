@@ -239,7 +239,7 @@ class EngineTransport:
             return ConnectFailed("refused")
         except ENGINE_ERRORS:
             return ConnectFailed("reset")
-        return Reply(conn.status, content, conn.headers())
+        return Reply(conn.status, content)
 
     async def open_stream(
         self,
