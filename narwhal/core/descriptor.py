@@ -335,6 +335,20 @@ def _check_block_ids(params: dict[str, Any], connector: str) -> None:
     _check_flat_ids(ids, field)
 
 
+def _check_finite(params: dict[str, Any]) -> None:
+    """No NaN or infinity anywhere; the block ids, checked to be ints already, are skipped (a
+    long prompt's are thousands of values)."""
+    for key, value in params.items():
+        if key == "remote_block_ids" or not isinstance(value, float | dict | list):
+            continue
+        where = non_finite_at({key: value})
+        if where is not None:
+            raise DescriptorError(
+                DescriptorReason.NON_FINITE_NUMBER,
+                f"{where} is not a finite number (JSON has none)",
+            )
+
+
 def _side_channel_parts(descriptor: dict[str, Any], connector: str) -> tuple[str, int] | None:
     if connector == NIXL:
         host = descriptor.get("remote_host")
@@ -416,9 +430,5 @@ def validate_descriptor(
     _check_block_ids(params, connector)
     if pinned_side_channel is not None:
         _check_side_channel(params, connector, pinned_side_channel)
-    where = non_finite_at(params)
-    if where is not None:
-        raise DescriptorError(
-            DescriptorReason.NON_FINITE_NUMBER, f"{where} is not a finite number (JSON has none)"
-        )
+    _check_finite(params)
     return json_copy(params)

@@ -17,30 +17,34 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-_SCALARS = frozenset({int, str, float, bool, type(None)})
-"""The JSON scalars' exact built-in types (a subclass, e.g. an enum, is copied like any other
-object). Membership of ``type(value)`` is one lookup, made inline in the loops below."""
+def _is_scalar(value: object) -> bool:
+    """Whether ``value`` is a JSON scalar of exactly a built-in type (a subclass, e.g. an enum,
+    is copied like any other object)."""
+    kind = type(value)
+    return kind is int or kind is str or kind is float or kind is bool or value is None
 
 
 def json_copy(value: T) -> T:
     """A deep copy of a JSON value (dicts, lists, scalars)."""
-    kind = type(value)
-    if kind in _SCALARS:
+    if _is_scalar(value):
         return value
+    kind = type(value)
     if kind is dict:
         source: dict[Any, Any] = value  # type: ignore[assignment]
         # a dict's copy shares its scalars; only containers are copied in turn
         copied = source.copy()
         for k, v in source.items():
-            if type(v) not in _SCALARS:
+            if not _is_scalar(v):
                 copied[k] = json_copy(v)
         return copied  # type: ignore[return-value]
     if kind is list:
         items: list[Any] = value  # type: ignore[assignment]
-        for item in items:  # a list of scalars (block ids, token ids) is copied with one slice
-            if type(item) not in _SCALARS:
+        # A list of scalars (block ids, token ids: ints, tested first without a call) is
+        # copied with one slice.
+        for item in items:
+            if type(item) is not int and not _is_scalar(item):
                 return [  # type: ignore[return-value]
-                    item if type(item) in _SCALARS else json_copy(item) for item in items
+                    item if _is_scalar(item) else json_copy(item) for item in items
                 ]
         return items[:]  # type: ignore[return-value]
     return copy.deepcopy(value)
