@@ -78,7 +78,6 @@ _ABSENT: Any = object()  # marks a field that is not there at all
 _NIXL_TRANSFER_MODES: frozenset[str] = frozenset({"pull", "push"})
 _MAX_PORT = 65535
 _SNIPPET_CHARS = 40
-_MAY_BE_NON_FINITE = (float, dict, list)  # a value that is or may hold a NaN or an infinity
 
 
 class DescriptorReason(enum.Enum):
@@ -340,7 +339,8 @@ def _check_finite(params: dict[str, Any]) -> None:
     """No NaN or infinity anywhere; the block ids, checked to be ints already, are skipped (a
     long prompt's are thousands of values)."""
     for key, value in params.items():
-        if key == "remote_block_ids" or not isinstance(value, _MAY_BE_NON_FINITE):
+        kind = type(value)  # exact types, as parsed JSON has (compared without a call)
+        if not (kind is float or kind is dict or kind is list) or key == "remote_block_ids":
             continue
         where = non_finite_at({key: value})
         if where is not None:
