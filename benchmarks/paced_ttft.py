@@ -22,44 +22,14 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import routers  # this folder's benchmark harness
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def one_round(
-    loadgen: routers.LoadGen, target: dict[str, Any], pgid: int | None, seconds: float
-) -> tuple[dict[str, Any], float]:
-    """One closed-loop round against ``target``; its result and the router's CPU seconds."""
-    marks: dict[str, float] = {}
-
-    def sample(key: str) -> None:
-        marks[key] = routers.group_cpu_seconds(pgid) if pgid else 0.0
-
-    result = loadgen.run(
-        {
-            "cmd": "throughput",
-            "target": target,
-            "concurrency": 16,
-            "max_tokens": 64,
-            "bound": 30.0,
-            "warmup": 1.0,
-            "duration": seconds,
-        },
-        on_start=lambda: sample("start"),
-        on_end=lambda: sample("end"),
-    )
-    return result, marks["end"] - marks["start"]
 
 
 def main() -> None:
@@ -71,9 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-paced-"))
     stack = routers.Stack(workdir)
-    ttfts: dict[str, list[float]] = {}
-    cpu: dict[str, float] = {}
-    chunks: dict[str, int] = {}
+    rounds: dict[str, list[dict[str, Any]]] = defaultdict(list)
     try:
         fleet = routers.start_fleet(stack, "paced", 1, 1, args.decode_s_per_token)
         loadgen = routers.LoadGen(stack)
@@ -84,21 +52,19 @@ def main() -> None:
         ]
         for name in args.only:
             spec = routers.router_spec(name, fleet, workdir, 30.0)
-            stack.start(name, spec.argv)
+            stack.start(f"ovh-{name}", spec.argv)  # the name routers.measure reads CPU from
             routers.wait_router(spec, 30)
             targets.append({"name": name, "kind": "router", "url": spec.url})
         for round_index in range(args.rounds):
             for target in targets:
-                name = target["name"]
-                pgid = stack.procs[name].pid if name in stack.procs else None
-                result, router_cpu = one_round(loadgen, target, pgid, args.seconds)
-                ttfts.setdefault(name, []).extend(result["ttfts"])
-                cpu[name] = cpu.get(name, 0.0) + router_cpu
-                chunks[name] = chunks.get(name, 0) + result["chunks"]
+                result = routers.measure(
+                    stack, loadgen, target, 16, args.seconds, 64, fleet.decodes[0].port
+                )
+                rounds[target["name"]].append(result)
                 bad = {k: v for k, v in result["outcomes"].items() if k != "ok"}
                 print(
-                    f"round {round_index + 1} {name:>14}: TTFT p50 "
-                    f"{1e3 * statistics.median(result['ttfts']):.1f} ms, "
+                    f"round {round_index + 1} {target['name']:>14}: TTFT p50 "
+                    f"{routers.ms(routers.pct(result['ttfts'], 50))} ms, "
                     f"{result['chunks'] / result['elapsed']:.0f} chunks/s"
                     + (f", not ok: {bad}" if bad else ""),
                     flush=True,
@@ -106,18 +72,20 @@ def main() -> None:
     finally:
         stack.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
-    base = statistics.median(ttfts["direct"])
+    base = routers.aggregate(rounds["direct"], "direct")["ttft_p50_ms"]
     rows = []
-    for name, values in ttfts.items():
-        p50 = statistics.median(values)
+    for name, measured in rounds.items():
+        total = routers.aggregate(measured, name)
+        per_chunk = total["cpu_ms_per_1000_chunks"]
+        ttfts = [t for r in measured for t in r["ttfts"]]
         rows.append(
             [
                 name,
-                len(values),
-                f"{1e3 * p50:.2f}",
-                f"{1e3 * quantile(values, 0.9):.2f}",
-                f"{1e3 * (p50 - base):.2f}",
-                f"{1e6 * cpu[name] / chunks[name]:.1f}" if cpu.get(name) else "-",
+                len(ttfts),
+                f"{total['ttft_p50_ms']:.2f}",
+                routers.ms(routers.pct(ttfts, 90)),
+                f"{total['ttft_p50_ms'] - base:.2f}",
+                "-" if per_chunk is None else f"{per_chunk:.1f}",
             ]
         )
     print(
