@@ -38,7 +38,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0, help="per round and target")
     parser.add_argument("--decode-s-per-token", type=float, default=0.01)
+    parser.add_argument("--no-pin", action="store_true", help="no core of its own for the router")
     args = parser.parse_args()
+    print(routers.cores.pin(not args.no_pin), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-paced-"))
     stack = routers.Stack(workdir)
     rounds: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -52,7 +54,8 @@ def main() -> None:
         ]
         for name in args.only:
             spec = routers.router_spec(name, fleet, workdir, 30.0)
-            stack.start(f"ovh-{name}", spec.argv)  # the name routers.measure reads CPU from
+            # "ovh-": the name routers.measure reads CPU from
+            stack.start(f"ovh-{name}", spec.argv, router=True)
             routers.wait_router(spec, 30)
             targets.append({"name": name, "kind": "router", "url": spec.url})
         for round_index in range(args.rounds):

@@ -94,7 +94,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", default=["narwhal", "vllm-router", "aiohttp-relay"])
     parser.add_argument("--perf", action="store_true", help="perf's split of Narwhal's samples")
+    parser.add_argument("--no-pin", action="store_true", help="no core of its own for the router")
     args = parser.parse_args()
+    print(routers.cores.pin(not args.no_pin), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-router-cpu-"))
     stack = routers.Stack(workdir)
     try:
@@ -103,7 +105,7 @@ def main() -> None:
         specs = {}
         for name in args.only:
             spec = routers.router_spec(name, fleet, workdir, 30.0)
-            stack.start(name, spec.argv)
+            stack.start(name, spec.argv, router=True)
             routers.wait_router(spec, 30)
             specs[name] = spec
         for round_index in range(2):

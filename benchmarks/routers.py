@@ -57,6 +57,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cores  # this folder's: which core each process runs on
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 RESULTS = BENCH / "results"
@@ -315,7 +318,10 @@ class Stack:
         self.logdir = logdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, argv: list[str], *, router: bool = False, **kwargs: Any
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv``; a ``router`` runs on the router's core (benchmarks/cores.py)."""
         log = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 - closed by the child's end
         proc = subprocess.Popen(
             argv,
@@ -324,6 +330,7 @@ class Stack:
             stdin=kwargs.pop("stdin", subprocess.DEVNULL),
             start_new_session=True,
             cwd=ROOT,
+            preexec_fn=cores.router_preexec() if router else None,
             **kwargs,
         )
         log.close()
@@ -675,7 +682,7 @@ def phase_overhead(
     fleet = start_fleet(stack, "ovh", 1, 1)
     specs = [router_spec(name, fleet, workdir, cfg.request_timeout) for name in names]
     for spec in specs:
-        stack.start(f"ovh-{spec.name}", spec.argv)
+        stack.start(f"ovh-{spec.name}", spec.argv, router=True)
     for spec in specs:
         wait_router(spec, 60)
     prefill, decode = fleet.prefills[0].url, fleet.decodes[0].url
@@ -831,7 +838,7 @@ def phase_faults(
     fleet = start_fleet(stack, f"flt-{name}", 2, 5)
     spec = router_spec(name, fleet, workdir, cfg.request_timeout)
     proc_name = f"flt-{name}-router"
-    stack.start(proc_name, spec.argv)
+    stack.start(proc_name, spec.argv, router=True)
     try:
         wait_router(spec, 60)
         for index in range(10):  # warm every pool a little
@@ -911,7 +918,7 @@ def phase_profile(stack: Stack, loadgen: LoadGen, workdir: Path, stamp: str) -> 
         raise RuntimeError(f"{pyspy} missing: run benchmarks/setup_peers.sh")
     fleet = start_fleet(stack, "prof", 1, 1)
     spec = router_spec("narwhal", fleet, workdir, 30.0)
-    stack.start("prof-narwhal", spec.argv)
+    stack.start("prof-narwhal", spec.argv, router=True)
     out: dict[str, Any] = {}
     try:
         wait_router(spec, 60)
@@ -1289,11 +1296,17 @@ def main() -> None:
         action="store_true",
         help="keep the logs directory (the routers' request logs, the engines' logs) after a run",
     )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave every process to the scheduler (default: the router on a core of its own)",
+    )
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.loadgen:
         loadgen_main()
         return
+    print(cores.pin(not args.no_pin), flush=True)
     names = list(args.only or ROUTERS)
     PEER_POLICY["policy"] = args.peer_policy
     NARWHAL_BIN["path"] = args.narwhal_bin.absolute()

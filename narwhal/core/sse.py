@@ -195,16 +195,6 @@ def _http_error_code(code: Any) -> int:
     return DEFAULT_ERROR_STATUS
 
 
-def _classify_wire(wire: bytes) -> SseEvent:
-    """Classify one whole event of one line, ``data: <data>`` and a blank line, keeping its
-    bytes (the parser's fast path)."""
-    try:
-        data = wire[6:-2].decode("utf-8")
-    except UnicodeDecodeError:  # replacement characters: the wire form is re-encoded
-        return classify(wire[6:-2].decode("utf-8", errors="replace"))
-    return classify(data, wire)
-
-
 # ---------------------------------------------------------------- incremental parsing
 
 
@@ -323,10 +313,16 @@ class SseParser:
         return []
 
     def _whole_event(self, wire: bytes) -> SseEvent:
-        """The event of ``wire``, one whole event of one ``data`` line (see ``_last_wire``)."""
+        """The event of ``wire``, one whole event of one line, ``data: <data>`` and a blank
+        line (the fast path; see ``_last_wire``), classified with its bytes kept."""
         if wire != self._last_wire:
             self._last_wire = wire
-            self._last_event = _classify_wire(wire)
+            try:
+                data = wire[6:-2].decode("utf-8")
+            except UnicodeDecodeError:  # replacement characters: the wire form is re-encoded
+                self._last_event = classify(wire[6:-2].decode("utf-8", errors="replace"))
+            else:
+                self._last_event = classify(data, wire)
         return self._last_event
 
     def _line(self, line: bytes) -> None:

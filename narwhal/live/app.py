@@ -18,7 +18,7 @@ reload loop (:mod:`narwhal.live.reload`). Each inference request first takes an 
 (``Policies.admission``; refused: the core's 503 with Retry-After,
 :func:`narwhal.core.entry.refuse`), held until it ends, then reads and parses its body once
 within ``[admission]``'s bounds, and runs the core's lifecycle in a scope that the connection's
-end cancels (:func:`narwhal.live.sink.run_with_disconnect`): a client disconnect cancels the
+end cancels (:class:`narwhal.live.sink.CancelledOnDisconnect`): a client disconnect cancels the
 lifecycle, whose ``finally`` releases every reservation and abandoned handoff. Requests are
 routed by a dict of path and method (:meth:`Router.handle`); an unknown path is a 404 and a
 wrong method a 405, both OpenAI error objects, and no path is ever redirected (a redirect built
@@ -34,7 +34,7 @@ import hmac
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,7 @@ from narwhal.live.lag import LagMonitor
 from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.reload import DEFAULT_POLL_S, ConfigReloader
 from narwhal.live.reporting import SHUTDOWN_MESSAGE, ModelLabels, RequestReporter, ServedRequest
-from narwhal.live.sink import ResponseSink, run_with_disconnect
+from narwhal.live.sink import CancelledOnDisconnect, ResponseSink
 from narwhal.live.tracing import start_tracing
 from narwhal.live.transport import EngineTransport
 
@@ -325,21 +325,30 @@ class Router:
 
     # ------------------------------------------------------------------ routing
 
-    async def handle(self, request: EdgeRequest) -> Response | None:
-        """Every request the server accepts: the Host gate, then its route's handler."""
+    def handle(self, request: EdgeRequest) -> Awaitable[Response | None]:
+        """Every request the server accepts: the Host gate, then its route's handler, whose
+        coroutine is returned rather than awaited here (one frame less in the chain every
+        streamed read resumes)."""
         if self.hosts.allowed:  # client.allowed_hosts
             refusal = self.hosts.refusal(request.path, request.headers)
             if refusal is not None:
-                return json_response(refusal, 421)
+                return _answer(json_response(refusal, 421))
         methods = self.routes.get(request.path)
         if methods is None:
-            return _route_error(request, 404, "Not Found", "not_found_error")
+            return _answer(_route_error(request, 404, "Not Found", "not_found_error"))
         method = "GET" if request.method == "HEAD" else request.method
         handler = methods.get(method)
         if handler is None:
             allow = {"allow": ", ".join(sorted(methods))}
-            return _route_error(request, 405, "Method Not Allowed", "invalid_request_error", allow)
-        return await handler(request)
+            return _answer(
+                _route_error(request, 405, "Method Not Allowed", "invalid_request_error", allow)
+            )
+        return handler(request)
+
+
+async def _answer(response: Response) -> Response | None:
+    """A response decided without awaiting anything, as a handler returns it."""
+    return response
 
 
 def _route_error(
@@ -446,12 +455,10 @@ class _Inference:
         router = self.router
         served.set_model(router.reporter.models, parsed.body.get("model"))
 
-        async def work() -> None:
-            await serve_request(parsed, router.ports, router.policies, sink)
-            await sink.finish()
-
         try:
-            await run_with_disconnect(request.closed, sink, work)
+            async with CancelledOnDisconnect(request.closed, sink):
+                await serve_request(parsed, router.ports, router.policies, sink)
+                await sink.finish()
         except anyio.get_cancelled_exc_class():
             # The server cancels what is still running when its shutdown grace period ends:
             # the client gets a clear end (a 503, or one terminal SSE event after the 200)

@@ -104,6 +104,7 @@ class H1Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
         self._paused = False
         self.on_end: Callable[[], None] | None = None  # called once the response ends or fails
         self._begin()
@@ -173,15 +174,15 @@ class H1Connection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.close()
 
-    async def _wait(self) -> None:
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
+    def _wait(self) -> asyncio.Future[None]:
+        """The future the one reader awaits until the next wake (a future, not a coroutine:
+        a read adds no frame to the chain a wake resumes). A waiter whose reader was cancelled
+        is done, so a wake skips it."""
+        waiter = self._waiter = self._loop.create_future()
+        return waiter
 
     def _wake(self) -> None:
-        waiter = self._waiter
+        waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 

@@ -260,13 +260,10 @@ class EdgeRequest:
         """Body bytes of a streamed response (with its head, when that is still held)."""
         if not data:
             return
-        parts = [] if self._held_head is None else [self._held_head]
-        self._held_head = None
         if self._chunked:
-            parts.extend((b"%x\r\n" % len(data), data, CRLF))
-        else:
-            parts.append(data)
-        self._send(parts[0] if len(parts) == 1 else b"".join(parts))
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        head, self._held_head = self._held_head, None
+        self._send(data if head is None else head + data)
 
     def write_eof(self, data: bytes = b"") -> None:
         """A streamed response's last bytes and its end, in one write."""

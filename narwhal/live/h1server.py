@@ -19,7 +19,7 @@ Rule kept here (``[client]`` settings, docs/live.md "Limits at the edge"):
   cancelled (within about :data:`GONE_PROBE_MAX_S` while its answer has not begun, at the next
   write after); an EOF anywhere else (mid-head, mid-body, between requests) is a disconnect;
 - the connection's end is a future, :attr:`EdgeConnection.closed`, that the app watches
-  (:func:`narwhal.live.sink.run_with_disconnect`); nothing else tells a handler its client left;
+  (:class:`narwhal.live.sink.CancelledOnDisconnect`); nothing else tells a handler its client left;
 - on shutdown idle connections close at once and a request in progress has one grace period,
   then its handler is cancelled (and may still answer, briefly).
 

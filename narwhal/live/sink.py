@@ -27,7 +27,7 @@ for a response left incomplete (cut, or the client gone) the connection is close
 server never ends the body as if it were whole; it also disarms the sink's timer. :meth:`finish`
 is bounded by the deadline of the last write (it ends that write's response). A write to a
 closed connection raises ``ConnectionResetError``, which is ``ClientGone``. While the core
-serves, :func:`run_with_disconnect` watches the connection's end (a future the edge resolves):
+serves, :class:`CancelledOnDisconnect` watches the connection's end (a future the edge resolves):
 when the client leaves first it marks the sink gone and cancels the core's lifecycle, which
 releases what it holds in ``finally``. A disconnect after the response was complete, or caused
 by the sink's own cut, is not the client leaving and is ignored.
@@ -39,16 +39,15 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
 
 from narwhal.core.ports import ClientGone, Clock, TimedOut, WriteResult
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock
 from narwhal.live.h1request import EdgeRequest
 from narwhal.live.waits import Deadline
-
-T = TypeVar("T")
 
 _TIMED_OUT = TimedOut()
 
@@ -85,7 +84,7 @@ class ResponseSink:
     async def _drained(self, deadline: float) -> WriteResult:
         """Wait, until ``deadline``, while the client is not reading what was written;
         ``TimedOut`` when it was still waiting then. A loss during the wait marks the sink
-        gone (the loss cancels the request: :func:`run_with_disconnect`)."""
+        gone (the loss cancels the request: :class:`CancelledOnDisconnect`)."""
         request = self._request
         if not request.conn.writing_paused:
             return None
@@ -157,7 +156,10 @@ class ResponseSink:
         if self.cut:
             return _TIMED_OUT
         assert self.started, "send() before commit()"
-        if not self._write(self._request.write, data):
+        try:
+            self._request.write(data)
+        except OSError:
+            self.gone = True
             return None  # the loss cancels the request; a later write raises ClientGone
         if not self._request.conn.writing_paused:
             return None  # the usual case, once per read of a stream: nothing to wait for
@@ -205,29 +207,48 @@ class ResponseSink:
             request.close()
 
 
-async def run_with_disconnect(
-    closed: asyncio.Future[None], sink: ResponseSink, work: Callable[[], Awaitable[T]]
-) -> T | None:
-    """Run ``work()``; cancel it when the connection closes first (then return None).
+class CancelledOnDisconnect:
+    """``async with CancelledOnDisconnect(closed, sink):`` cancels the block when the client's
+    connection closes first; that cancellation ends at the block (``left`` is then True), and
+    any other cancellation or error propagates.
 
     No task of its own: the connection's end is a future, and a callback on it expires the
-    ``asyncio.timeout`` scope ``work`` runs in (a scope with no deadline of its own), so asyncio
-    itself tells that cancellation apart from any other (a shutdown's, which propagates)."""
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(None) as scope:
+    ``asyncio.timeout`` scope the block runs in (a scope with no deadline of its own), so
+    asyncio itself tells that cancellation apart from any other (a shutdown's, which
+    propagates). A context manager rather than a function that awaits the work: the block runs
+    in its caller's frame, and every streamed read resumes the chain of frames it waits in."""
 
-            def on_close(_: asyncio.Future[None]) -> None:
-                if not sink.finished and not sink.cut:  # a cut is the sink's own doing
-                    sink.gone = True
-                    scope.reschedule(loop.time())  # expire now: cancels ``work``
+    __slots__ = ("_closed", "_scope", "_sink", "left")
 
-            closed.add_done_callback(on_close)
-            try:
-                return await work()
-            finally:
-                closed.remove_done_callback(on_close)
-    except TimeoutError:
-        if not scope.expired():
-            raise  # not the scope's own
-        return None
+    def __init__(self, closed: asyncio.Future[None], sink: ResponseSink) -> None:
+        self._closed = closed
+        self._sink = sink
+        self._scope = asyncio.timeout(None)
+        self.left = False
+
+    def _on_close(self, _: asyncio.Future[None]) -> None:
+        sink = self._sink
+        if not sink.finished and not sink.cut:  # a cut is the sink's own doing
+            sink.gone = True
+            self._scope.reschedule(asyncio.get_running_loop().time())  # expire now
+
+    async def __aenter__(self) -> CancelledOnDisconnect:
+        await self._scope.__aenter__()
+        self._closed.add_done_callback(self._on_close)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._closed.remove_done_callback(self._on_close)
+        try:
+            await self._scope.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            if not self._scope.expired():
+                raise  # not the scope's own
+            self.left = True
+            return True
+        return False

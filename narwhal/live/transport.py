@@ -289,7 +289,7 @@ class EngineTransport:
         except ENGINE_ERRORS:
             return ConnectFailed("reset")
         finally:
-            timer.wait_ends()
+            timer.waiter = None  # the wait ended
         if not data:
             return StreamEnd()
         return Chunk(data)

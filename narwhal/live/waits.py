@@ -12,8 +12,8 @@ the client) for the router's lag.
 
 Theory of operation: a :class:`Deadline` serves waits that come one at a time, often (one per
 streamed chunk): :meth:`Deadline.wait_begins` records the wait's deadline, the ledger's stall
-total (the *mark*) and what is waiting (the *waiter*), and arms one loop timer only when the
-deadline is earlier than the one already armed. When the timer fires it re-arms itself for the
+total (the *mark*) and what is waiting (the *waiter*, None again once the wait ends), and arms
+one loop timer only when the deadline is earlier than the one already armed. When the timer fires it re-arms itself for the
 wait's deadline extended by the stalls since the mark if that is still ahead (or for a later
 deadline a newer wait asked for), else it hands the waiter to :meth:`Deadline.expire`, which ends
 the wait in the waiter's own way. So a stream costs about one timer per deadline period, not one
@@ -69,7 +69,8 @@ class Deadline(Generic[W]):
         self.waiter: W | None = None  # what the wait in progress waits in (None: no wait)
 
     def wait_begins(self, deadline: float, waiter: W) -> None:
-        """A wait until ``deadline`` begins in ``waiter``; call :meth:`wait_ends` after it."""
+        """A wait until ``deadline`` begins in ``waiter``; set ``waiter`` to None when it ends
+        (an assignment, not a call: a stream ends a wait per chunk)."""
         self.deadline = deadline
         if self.stalls is not None:
             self.mark = self.stalls.total_s
@@ -81,9 +82,6 @@ class Deadline(Generic[W]):
                 max(0.0, deadline - self.clock.now()), self._fire
             )
         self.waiter = waiter
-
-    def wait_ends(self) -> None:
-        self.waiter = None
 
     def disarm(self) -> None:
         """No more waits: cancel the timer."""

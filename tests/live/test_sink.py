@@ -23,7 +23,7 @@ from narwhal.core.config import ClientSettings
 from narwhal.core.ports import ClientGone, TimedOut
 from narwhal.live.h1request import EdgeRequest, Response
 from narwhal.live.h1server import EdgeServer
-from narwhal.live.sink import ResponseSink, run_with_disconnect
+from narwhal.live.sink import CancelledOnDisconnect, ResponseSink
 from narwhal.serving import bind, port_of
 
 SMALL_BUFFER = 8192
@@ -88,8 +88,9 @@ def test_a_write_blocked_past_its_deadline_is_cut_not_cancelled() -> None:
                     seen["after"] = await sink.send(CHUNK, time.monotonic() + 60)
                     return "cut"
 
-        seen["work"] = await run_with_disconnect(request.closed, sink, work)
-        seen["cut"], seen["gone"] = sink.cut, sink.gone
+        async with CancelledOnDisconnect(request.closed, sink) as scope:
+            seen["work"] = await work()
+        seen["cut"], seen["gone"], seen["left"] = sink.cut, sink.gone, scope.left
         handled.set()
         sink.done()
         return None
@@ -107,7 +108,7 @@ def test_a_write_blocked_past_its_deadline_is_cut_not_cancelled() -> None:
     assert isinstance(seen["result"], TimedOut) and isinstance(seen["after"], TimedOut)
     assert WRITE_TIMEOUT_S <= seen["blocked_s"] < WRITE_TIMEOUT_S + 1.0
     assert seen["work"] == "cut"  # the cut's own close did not cancel the work as a disconnect
-    assert seen["cut"] and not seen["gone"]
+    assert seen["cut"] and not seen["gone"] and not seen["left"]
 
 
 def test_a_client_that_leaves_cancels_the_work() -> None:
@@ -127,8 +128,10 @@ def test_a_client_that_leaves_cancels_the_work() -> None:
                 raise
             return "never"
 
-        seen["work"] = await run_with_disconnect(request.closed, sink, work)
-        seen["gone"] = sink.gone
+        seen["work"] = None
+        async with CancelledOnDisconnect(request.closed, sink) as scope:
+            seen["work"] = await work()
+        seen["gone"], seen["left"] = sink.gone, scope.left
         with pytest.raises(ClientGone):
             await sink.send(CHUNK, time.monotonic() + 1)
         handled.set()
@@ -143,7 +146,7 @@ def test_a_client_that_leaves_cancels_the_work() -> None:
             await handled.wait()
 
     run(lambda: serve_one(handler, client))
-    assert seen == {"cancelled": True, "work": None, "gone": True}
+    assert seen == {"cancelled": True, "work": None, "gone": True, "left": True}
 
 
 @pytest.mark.parametrize("source", ["outer timeout", "work's own"])
@@ -161,7 +164,8 @@ def test_another_cancellation_or_timeout_propagates(source: str) -> None:
 
         try:
             async with asyncio.timeout(0.1):  # as a shutdown's cancellation would
-                await run_with_disconnect(request.closed, sink, work)
+                async with CancelledOnDisconnect(request.closed, sink):
+                    await work()
         except TimeoutError as error:
             seen["raised"] = str(error)
         seen["gone"] = sink.gone
