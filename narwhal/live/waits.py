@@ -13,11 +13,12 @@ the client) for the router's lag.
 Theory of operation: a :class:`Deadline` serves waits that come one at a time, often (one per
 streamed chunk): :meth:`Deadline.wait_begins` records the wait's deadline, the ledger's stall
 total (the *mark*) and what is waiting (the *waiter*, None again once the wait ends), and arms
-one loop timer only when the deadline is earlier than the one already armed. When the timer fires it re-arms itself for the
-wait's deadline extended by the stalls since the mark if that is still ahead (or for a later
-deadline a newer wait asked for), else it hands the waiter to :meth:`Deadline.expire`, which ends
-the wait in the waiter's own way. So a stream costs about one timer per deadline period, not one
-per chunk, and nothing per chunk but a comparison and three assignments.
+one loop timer only when the deadline is earlier than the one already armed. When the timer
+fires it re-arms itself for the wait's deadline extended by the stalls since the mark if that is
+still ahead (or for a later deadline a newer wait asked for), else it hands the waiter to
+:meth:`Deadline.expire`, which ends the wait in the waiter's own way. So a stream costs about
+one timer per deadline period, not one per chunk, and nothing per chunk but a comparison and
+four assignments.
 
 The ways to end a wait:
 
