@@ -19,7 +19,7 @@ bound it, against the bare write:
 - ``sink.send``: the real :meth:`ResponseSink.send` over a response whose ``write`` returns at
   once (the ``abort`` path as shipped, with its checks).
 
-It also times the per-request cancel scope that :func:`narwhal.live.sink.run_with_disconnect`
+It also times the per-request cancel scope that :class:`narwhal.live.sink.CancelledOnDisconnect`
 opens (``anyio.CancelScope`` against ``asyncio.timeout(None)``).
 
 Usage: ``.venv/bin/python benchmarks/write_deadlines.py [--writes N] [--repeats R]``; prints
