@@ -428,6 +428,25 @@ class DecodeLeg:
                 return
             out.append((at, event))
         if self.got_token:  # any chunk, metadata too, resets the silence timer
-            timeout = self.decode_read_timeout_s
-            bound = at + timeout if timeout > 0 else self.request_deadline
-            self.deadline = min(bound, self.request_deadline)
+            self.forwarded(at)
+
+    def forwardable(self, data: bytes) -> list[SseEvent] | None:
+        """The events of a read that needs nothing but forwarding, whole events each a token or
+        metadata, after the first token; None for any other read, which :meth:`read` takes.
+        Changes nothing: call :meth:`forwarded` once the events are forwarded."""
+        if not self.got_token or self.done or self.fault is not None:
+            return None
+        events = self.parser.whole_events(data)
+        if events is None:
+            return None
+        for event in events:
+            kind = event.kind
+            if kind is not EventKind.TOKEN and kind is not EventKind.METADATA:
+                return None
+        return events
+
+    def forwarded(self, at: float) -> None:
+        """A read after the first token arrived at ``at``: the silence timer starts again."""
+        timeout = self.decode_read_timeout_s
+        bound = at + timeout if timeout > 0 else self.request_deadline
+        self.deadline = min(bound, self.request_deadline)

@@ -55,7 +55,7 @@ from narwhal.core.records import RequestRecord
 from narwhal.core.requests import ClientRequest, decode_body
 from narwhal.core.retry import Deadline
 from narwhal.core.routing.disagg import NO_PRODUCER, SHORT_PROMPT
-from narwhal.core.sse import EventKind
+from narwhal.core.sse import EventKind, SseEvent
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 CLIENT_GONE_STATUS = 499  # nginx's convention for "client closed request"
@@ -426,6 +426,7 @@ class _Lifecycle:
         if not self.committed:  # an earlier attempt's tokens were never shown: count afresh
             self.got_token, self.tokens, self.first_byte_s = False, 0, None
         clock, transport, policies = self.ports.clock, self.ports.transport, self.policies
+        relaying = False
         while True:
             result = await transport.next_chunk(leg.handle, leg.deadline)
             now = clock.now()
@@ -447,10 +448,7 @@ class _Lifecycle:
                     elif not assembler.take(event):
                         return assembler.too_large(consumer)
                 elif kind is EventKind.METADATA:
-                    if event.payload is not None and "usage" in event.payload:
-                        reported = prompt_tokens_of(event.payload)  # the decode's own count
-                        if reported is not None:
-                            self.prompt_tokens = reported
+                    self._metadata(event)
                     if self.committed:
                         out.append(event.wire())
                     elif assembler is None:
@@ -478,6 +476,36 @@ class _Lifecycle:
                     self.failed_engines.add(consumer)
                     self.empty_streams.ended_empty(consumer, self._epochs[consumer], self._producer)
                 return leg.fault
+            if not relaying and self.committed and assembler is None:
+                relaying = transport.relay_reads(leg.handle, self._relay)
+
+    def _metadata(self, event: SseEvent) -> None:
+        """A metadata event's usage, if it has one: the decode's own prompt count."""
+        if event.payload is not None and "usage" in event.payload:
+            reported = prompt_tokens_of(event.payload)
+            if reported is not None:
+                self.prompt_tokens = reported
+
+    def _relay(self, data: bytes, at: float) -> float | None:
+        """One read taken where it arrived (:meth:`Transport.relay_reads`), without waking the
+        decode loop: a committed stream's read of whole token and metadata events that the
+        client takes at once, with the loop's bookkeeping for them; the deadline of the next
+        read. Any other read (None) is the loop's, and it sees the same bytes."""
+        leg = self.decode_leg
+        events = None if leg is None else leg.forwardable(data)
+        if events is None:
+            return None
+        data = events[0].wire() if len(events) == 1 else b"".join([e.wire() for e in events])
+        if not self.sink.send_now(data):
+            return None
+        for event in events:
+            if event.kind is EventKind.TOKEN:
+                self.tokens += 1
+            else:
+                self._metadata(event)
+        assert leg is not None
+        leg.forwarded(at)
+        return leg.deadline
 
     async def _succeed(
         self, consumer: str, now: float, out: list[bytes], assembler: ResponseAssembler | None

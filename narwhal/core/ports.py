@@ -123,6 +123,12 @@ class Clock(Protocol):
     def sleep(self, seconds: float) -> Awaitable[None]: ...
 
 
+Relay = Callable[[bytes, float], "float | None"]
+"""Takes one read of a stream (its bytes, its arrival time) where it arrives, without waking
+the reader: returns the deadline of the stream's next read when it forwarded the read, None when
+the read is left to :meth:`Transport.next_chunk` (which then returns those same bytes)."""
+
+
 class Transport(Protocol):
     """Calls engines. Every method returns a result value; none raises for engine faults."""
 
@@ -146,6 +152,12 @@ class Transport(Protocol):
     ) -> Awaitable[OpenResult]: ...
 
     def next_chunk(self, handle: Any, deadline: float) -> Awaitable[ChunkResult]: ...
+
+    def relay_reads(self, handle: Any, relay: Relay) -> bool:
+        """From now on, offer each read of the stream that arrives while :meth:`next_chunk` is
+        awaited to ``relay`` first (until the stream is closed); False when this transport
+        cannot, and every read goes to :meth:`next_chunk`."""
+        ...
 
     def close_stream(self, handle: Any) -> None:
         """Abandon a stream (aborting the engine request). Synchronous: safe in ``finally``."""
@@ -181,6 +193,11 @@ class ClientSink(Protocol):
 
     def send(self, data: bytes, deadline: float) -> Awaitable[WriteResult]:
         """Send SSE bytes after commit."""
+        ...
+
+    def send_now(self, data: bytes) -> bool:
+        """Send SSE bytes after commit if that needs no wait: False, sending nothing, when the
+        client has left or been cut off or is not taking its bytes (then :meth:`send` them)."""
         ...
 
     def end(self, data: bytes, deadline: float) -> Awaitable[WriteResult]:

@@ -247,27 +247,9 @@ class SseParser:
         events: list[SseEvent] = []
         if not chunk:
             return events
-        held = bool(self._partial) or bool(self._data) or self._skip_lf
-        if chunk == self._last_wire and not held:
-            return [self._last_event]  # the last whole event again: the same event
-        if (
-            not held
-            and chunk.endswith(b"\n\n")
-            and chunk.find(b"\r") < 0
-            and not (self._start and chunk.startswith(_UTF8_BOM))
-        ):
-            # Fast path, the usual shape: whole events of one "data: " line each, nothing held
-            # (so no size to check). Most often the chunk is exactly one event.
-            if chunk.find(b"\n") == len(chunk) - 2 and chunk.startswith(b"data: "):
-                self._start = False
-                return [self._whole_event(chunk)]
-            blocks = chunk[:-2].split(b"\n\n")
-            for block in blocks:
-                if not block.startswith(b"data: ") or block.find(b"\n") >= 0:
-                    break
-            else:
-                self._start = False
-                return [self._whole_event(b"".join((block, b"\n\n"))) for block in blocks]
+        whole = self.whole_events(chunk)
+        if whole is not None:
+            return whole
         if self._skip_lf:
             self._skip_lf = False
             if chunk[0] == 0x0A:
@@ -306,6 +288,34 @@ class SseParser:
         if self._max_event_bytes is not None:
             self._check_size()
         return events
+
+    def whole_events(self, chunk: bytes) -> list[SseEvent] | None:
+        """The events of ``chunk`` when it is the usual shape, whole events of one ``data: ``
+        line each with nothing of an earlier event held (the fast path); None otherwise.
+
+        It changes nothing :meth:`feed` depends on (only its cache of the last event, and
+        that a leading BOM can no longer come), so a chunk read here may still be fed, with the
+        same events: a caller can look at a read's events before deciding who handles it."""
+        if self._partial or self._data or self._skip_lf or self._closed:
+            return None
+        if chunk == self._last_wire:
+            return [self._last_event]  # the last whole event again: the same event
+        if (
+            not chunk.endswith(b"\n\n")
+            or chunk.find(b"\r") >= 0
+            or (self._start and chunk.startswith(_UTF8_BOM))
+        ):
+            return None
+        # Nothing held, so no size to check. Most often the chunk is exactly one event.
+        if chunk.find(b"\n") == len(chunk) - 2 and chunk.startswith(b"data: "):
+            self._start = False
+            return [self._whole_event(chunk)]
+        blocks = chunk[:-2].split(b"\n\n")
+        for block in blocks:
+            if not block.startswith(b"data: ") or block.find(b"\n") >= 0:
+                return None
+        self._start = False
+        return [self._whole_event(b"".join((block, b"\n\n"))) for block in blocks]
 
     def close(self) -> list[SseEvent]:
         """End of stream. An unterminated trailing event is discarded (see :attr:`pending`)."""

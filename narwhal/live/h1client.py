@@ -107,9 +107,11 @@ class H1Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._paused = False
         self.on_end: Callable[[], None] | None = None  # called once the response ends or fails
+        self.relay: Callable[[bytes], bool] | None = None  # offered the body's reads first
         self._begin()
 
     def _begin(self) -> None:
+        self.relay = None
         self.status = 0
         self.head_done = False
         self.complete = False  # the response's body came to its end
@@ -215,6 +217,8 @@ class H1Connection(asyncio.Protocol):
             self._head_bytes += len(data)
         if not self._feed(data):
             return
+        if self.relay is not None and self._pieces:
+            self._offer()
         if self._held > HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
@@ -262,6 +266,23 @@ class H1Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._pieces.append(body)
         self._held += len(body)
+        if self.relay is None:
+            self._wake()
+
+    def _offer(self) -> None:
+        """A read's body bytes, with a relay set: offered to it whole when the reader is
+        waiting for them and the body goes on; the reader is woken when the relay declines
+        them (they stay held for it) or cannot be asked."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and not self.complete and self._error is None:
+            assert self.relay is not None
+            pieces = self._pieces
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if self.relay(data):
+                self._pieces = []
+                self._held = 0
+                return
+            self._pieces = [data]
         self._wake()
 
     def on_message_complete(self) -> None:

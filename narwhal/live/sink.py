@@ -165,6 +165,15 @@ class ResponseSink:
             return None  # the usual case, once per read of a stream: nothing to wait for
         return await self._drained(deadline)
 
+    def send_now(self, data: bytes) -> bool:
+        if self.gone or self.cut or not self.started or self._request.conn.writing_paused:
+            return False
+        try:
+            self._request.write(data)
+        except OSError:
+            self.gone = True  # the loss cancels the request
+        return True
+
     async def end(self, data: bytes, deadline: float = math.inf) -> WriteResult:
         """A committed stream's last bytes and its body's end, in one write (the last chunk,
         the chunked terminator and a head still held go out together)."""

@@ -43,6 +43,7 @@ from narwhal.core.ports import (
     CallResult,
     ChunkResult,
     OpenResult,
+    Relay,
     Reply,
     StreamOpened,
     Transport,
@@ -328,6 +329,9 @@ class TracedTransport:
 
     def next_chunk(self, handle: Any, deadline: float) -> Awaitable[ChunkResult]:
         return self._inner.next_chunk(handle, deadline)
+
+    def relay_reads(self, handle: Any, relay: Relay) -> bool:
+        return self._inner.relay_reads(handle, relay)
 
     def close_stream(self, handle: Any) -> None:
         leg = self._streams.pop(handle, None)

@@ -57,6 +57,7 @@ from narwhal.core.ports import (
     Clock,
     ConnectFailed,
     OpenResult,
+    Relay,
     Reply,
     StreamEnd,
     StreamOpened,
@@ -294,11 +295,28 @@ class EngineTransport:
             return StreamEnd()
         return Chunk(data)
 
+    def relay_reads(self, handle: Any, relay: Relay) -> bool:
+        stream: H1Stream = handle
+        if stream.closed:
+            return False
+        conn, timer, now = stream.conn, stream.deadline, self._clock.now
+
+        def offered(data: bytes) -> bool:
+            deadline = relay(data, now())
+            if deadline is None:
+                return False
+            timer.wait_begins(deadline, conn)  # the read still awaited now waits for the next
+            return True
+
+        conn.relay = offered
+        return True
+
     def close_stream(self, handle: Any) -> None:
         stream: H1Stream = handle
         if stream.closed:
             return
         stream.closed = True
+        stream.conn.relay = None
         stream.deadline.disarm()
         self._open.discard(stream)
         conn = stream.conn

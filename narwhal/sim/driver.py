@@ -37,6 +37,7 @@ from narwhal.core.ports import (
     ChunkResult,
     OpenResult,
     Ports,
+    Relay,
     TimedOut,
 )
 from narwhal.sim.gpu.engine import SimEngine
@@ -346,6 +347,9 @@ class SimTransport:
             return Ready(take_chunk(stream))
         return _ChunkOp(self, stream, deadline)
 
+    def relay_reads(self, handle: Any, relay: Relay) -> bool:
+        return False  # a simulated read costs no CPU: every read goes through next_chunk
+
     def close_stream(self, handle: Any) -> None:
         if handle is None:
             return
@@ -397,6 +401,9 @@ class SimSink:
 
     def send(self, data: bytes, deadline: float) -> Ready:
         return READY_NONE
+
+    def send_now(self, data: bytes) -> bool:
+        return True
 
     def end(self, data: bytes, deadline: float) -> Ready:
         return READY_NONE

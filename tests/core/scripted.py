@@ -20,6 +20,7 @@ from narwhal.core.ports import (
     ConnectFailed,
     OpenResult,
     Ports,
+    Relay,
     Reply,
     StreamEnd,
     StreamOpened,
@@ -242,6 +243,9 @@ class ScriptedTransport:
             return TimedOut()
         return StreamEnd() if stream.end == "eof" else ConnectFailed("reset")
 
+    def relay_reads(self, handle: Any, relay: Relay) -> bool:
+        return False  # scripted reads all go through next_chunk
+
     def close_stream(self, handle: Any) -> None:
         if handle is not None:
             handle.closed = True
@@ -321,6 +325,9 @@ class RecordingSink:
             return waited
         self.events.append(data)
         return None
+
+    def send_now(self, data: bytes) -> bool:
+        return False  # every write goes through send, where the script applies
 
     async def end(self, data: bytes, deadline: float) -> TimedOut | None:
         """The stream's last bytes: a send, after which nothing more may be sent."""
