@@ -464,3 +464,29 @@ def test_close_closes_an_open_stream_once() -> None:
     leg.close()
     leg.close()
     assert transport.closed == [handle] and leg.handle is None
+
+
+def test_only_whole_token_and_metadata_reads_after_the_first_token_are_forwardable() -> None:
+    r = reader()
+    assert r.forwardable(TOKEN) is None  # before the first token: the loop commits the stream
+    r.read(Chunk(TOKEN), 0.3)
+    events = r.forwardable(TOKEN + META)
+    assert events is not None and [e.kind for e in events] == [EventKind.TOKEN, EventKind.METADATA]
+    assert r.deadline == 0.8  # looking changes nothing
+    for other in (DONE, TOKEN + DONE, ERROR, b"data: not json\n\n", TOKEN[:-1]):
+        assert r.forwardable(other) is None
+    r.forwarded(0.6)
+    assert r.deadline == 1.1  # the silence timer runs from the forwarded read
+    r.forwarded(9.9)
+    assert r.deadline == 10.0  # never past the request deadline
+
+
+def test_a_read_looked_at_then_declined_reads_as_if_never_looked_at() -> None:
+    looked, plain = reader(), reader()
+    for leg in (looked, plain):
+        leg.read(Chunk(TOKEN), 0.3)
+    assert looked.forwardable(META + DONE) is None
+    assert [(at, e.kind) for at, e in looked.read(Chunk(META + DONE), 0.4)] == [
+        (at, e.kind) for at, e in plain.read(Chunk(META + DONE), 0.4)
+    ]
+    assert looked.done and plain.done

@@ -704,3 +704,16 @@ def test_an_event_repeated_whole_is_the_same_event_and_a_repeat_split_is_parsed(
     # with bytes held, the whole event again is not taken for a repeat: it ends a longer line
     assert [e.kind for e in parser.feed(wire)] == [EventKind.MALFORMED]
     assert parser.feed(wire) == [classify(COMPLETION_TOKEN)]
+
+
+def test_whole_events_are_the_fast_path_and_change_nothing_feed_depends_on() -> None:
+    token = f"data: {COMPLETION_TOKEN}\n\n".encode()
+    looked, plain = SseParser(), SseParser()
+    events = looked.whole_events(token + b"data: [DONE]\n\n")
+    assert events is not None and [e.kind for e in events] == [EventKind.TOKEN, EventKind.DONE]
+    assert events == plain.feed(token + b"data: [DONE]\n\n")
+    for not_whole in (token[:-1], b"event: x\ndata: y\n\n", token.replace(b"\n\n", b"\r\n\r\n")):
+        assert looked.whole_events(not_whole) is None
+    looked.feed(token[:10])  # part of an event is held: nothing after it is whole on its own
+    assert looked.whole_events(token) is None
+    assert [e.data for e in looked.feed(token[10:])] == [COMPLETION_TOKEN]

@@ -322,3 +322,83 @@ def test_a_malformed_engine_answer_is_a_reset_not_an_exception() -> None:
     garbage, broken = anyio.run(main)
     assert isinstance(garbage, ConnectFailed) and garbage.reason == "reset"
     assert isinstance(broken, ConnectFailed) and broken.reason == "reset"
+
+
+def serve_paced_events(servers: Servers, events: list[bytes], gap_s: float) -> str:
+    """An engine that streams ``events`` (each its own write, ``gap_s`` apart), then says
+    nothing more for 30 s."""
+
+    async def paced(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert scope["type"] == "http"
+        while (await receive()).get("more_body"):
+            pass
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for event in events:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            await anyio.sleep(gap_s)
+        await anyio.sleep(30)
+
+    sock = bind("127.0.0.1", 0)
+    servers.start(BackgroundServer(make_server(paced, lifespan="off"), [sock]))
+    return f"http://127.0.0.1:{port_of(sock)}"
+
+
+def test_reads_go_to_the_relay_first_and_what_it_declines_to_the_reader(
+    servers: Servers,
+) -> None:
+    """Once a relay is set, each read that arrives while the reader waits is offered to it; a
+    read it takes never reaches the reader, one it declines is the reader's next chunk."""
+    events = [b"data: first\n\n", b"data: relay 1\n\n", b"data: relay 2\n\n", b"data: mine\n\n"]
+    url = serve_paced_events(servers, events, 0.05)
+    offered: list[bytes] = []
+
+    def relay(data: bytes, at: float) -> float | None:
+        offered.append(data)
+        return at + 5 if data.startswith(b"data: relay") else None
+
+    async def main() -> tuple[bytes, bytes]:
+        clock = AnyioClock()
+        async with EngineTransport(clock) as transport:
+            opened = await transport.open_stream(url, "/v1/completions", BODY, {}, clock.now() + 5)
+            assert isinstance(opened, StreamOpened) and opened.status == 200
+            first = await transport.next_chunk(opened.handle, clock.now() + 5)
+            assert transport.relay_reads(opened.handle, relay)
+            after = await transport.next_chunk(opened.handle, clock.now() + 5)
+            transport.close_stream(opened.handle)
+            assert not transport.relay_reads(opened.handle, relay)  # closed: nothing to relay
+            assert isinstance(first, Chunk) and isinstance(after, Chunk)
+            return first.data, after.data
+
+    assert anyio.run(main) == (b"data: first\n\n", b"data: mine\n\n")
+    assert offered == [b"data: relay 1\n\n", b"data: relay 2\n\n", b"data: mine\n\n"]
+
+
+def test_a_relayed_read_moves_the_read_deadline_to_the_one_it_returns(servers: Servers) -> None:
+    """The reader's deadline is the one the relay returned for the last read it took: three
+    reads 0.1 s apart, each pushing the deadline 0.3 s past it, time the read out about 0.5 s
+    after it began, not at the 0.3 s it was called with."""
+    url = serve_paced_events(servers, [b"data: %d\n\n" % i for i in range(4)], 0.1)
+
+    async def main() -> tuple[object, float, int]:
+        clock = AnyioClock()
+        relayed = []
+
+        def relay(data: bytes, at: float) -> float | None:
+            relayed.append(data)
+            return at + 0.3
+
+        async with EngineTransport(clock) as transport:
+            opened = await transport.open_stream(url, "/v1/completions", BODY, {}, clock.now() + 5)
+            assert isinstance(opened, StreamOpened) and opened.status == 200
+            assert isinstance(await transport.next_chunk(opened.handle, clock.now() + 5), Chunk)
+            assert transport.relay_reads(opened.handle, relay)
+            began = clock.now()
+            result = await transport.next_chunk(opened.handle, began + 0.3)
+            elapsed = clock.now() - began
+            transport.close_stream(opened.handle)
+            return result, elapsed, len(relayed)
+
+    result, elapsed, relayed = anyio.run(main)
+    assert isinstance(result, TimedOut) and relayed == 3
+    assert 0.45 <= elapsed < 3.0
