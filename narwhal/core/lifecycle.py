@@ -426,7 +426,7 @@ class _Lifecycle:
         if not self.committed:  # an earlier attempt's tokens were never shown: count afresh
             self.got_token, self.tokens, self.first_byte_s = False, 0, None
         clock, transport, policies = self.ports.clock, self.ports.transport, self.policies
-        relaying = False
+        relay_asked = False  # whether the transport was asked to relay this stream's reads
         while True:
             result = await transport.next_chunk(leg.handle, leg.deadline)
             now = clock.now()
@@ -476,8 +476,9 @@ class _Lifecycle:
                     self.failed_engines.add(consumer)
                     self.empty_streams.ended_empty(consumer, self._epochs[consumer], self._producer)
                 return leg.fault
-            if not relaying and self.committed and assembler is None:
-                relaying = transport.relay_reads(leg.handle, self._relay)
+            if not relay_asked and self.committed and assembler is None:
+                relay_asked = True  # (a transport that cannot relay reads on through the loop)
+                transport.relay_reads(leg.handle, self._relay)
 
     def _metadata(self, event: SseEvent) -> None:
         """A metadata event's usage, if it has one: the decode's own prompt count."""
