@@ -19,12 +19,13 @@ would let clients grow the metrics without limit.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar, Token
 from typing import Any
+
+from pydantic_core import to_json
 
 from narwhal.core.records import RequestRecord
 from narwhal.live.clock import AnyioClock, to_wall
@@ -229,4 +230,4 @@ class RequestReporter:
             "prompt_tokens": record.prompt_tokens,
             "error": record.error,
         }
-        request_log.info(json.dumps(line))
+        request_log.info(to_json(line).decode())  # compact, by pydantic's Rust serializer
