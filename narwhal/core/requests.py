@@ -9,7 +9,8 @@ large body is held once however many attempts and legs it takes.
 Theory of operation: :func:`parse_client_request` checks the OpenAI shape just enough to route it
 (the engine validates the rest and its 4xx is passed through). :func:`prefill_body` makes the
 producer's one-token, non-streaming request; :func:`decode_body` the consumer's streaming request
-carrying the validated descriptor (crossed decode) or no transfer parameters (same worker).
+carrying the validated descriptor, shared like the request's values (crossed decode), or no
+transfer parameters (same worker).
 Decode always streams upstream, so timeouts and the commit point work the same for streaming and
 non-streaming clients; a non-streaming client gets the stream assembled into one response.
 """
@@ -121,12 +122,14 @@ def prefill_body(request: ClientRequest, kv_params: dict[str, Any]) -> dict[str,
 def decode_body(request: ClientRequest, descriptor: dict[str, Any] | None) -> dict[str, Any]:
     """The consumer leg: the original request, streamed, with the validated descriptor.
 
-    ``descriptor=None`` is same-worker decode: no transfer parameters at all.
+    ``descriptor=None`` is same-worker decode: no transfer parameters at all. The descriptor is
+    shared, not copied, as the request's values are: it is the detached copy validation made,
+    and nothing changes it once made.
     """
     body = dict(request.body)
     body["stream"] = True
     if not request.stream:
         body["stream_options"] = {"include_usage": True}
     if descriptor is not None:
-        body["kv_transfer_params"] = json_copy(descriptor)
+        body["kv_transfer_params"] = descriptor
     return body
