@@ -28,8 +28,10 @@ Phases:
    at the bound).
 
 The load generator is this file run with ``--loadgen`` in its own process (aiohttp, uvloop), driven
-over stdin/stdout with JSON lines. Results go to benchmarks/results/routers-<stamp>.{json,csv}.
-``--profile`` also records Narwhal with py-spy under two loads and prints where its time goes.
+over stdin/stdout with JSON lines. Each router runs on a core of its own, the engines and the load
+generator on the others (benchmarks/cores.py; ``--no-pin`` leaves them to the scheduler).
+Results go to benchmarks/results/routers-<stamp>.{json,csv}. ``--profile`` also records
+Narwhal with py-spy under two loads and prints where its time goes.
 """
 
 from __future__ import annotations
