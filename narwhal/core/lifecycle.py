@@ -493,18 +493,19 @@ class _Lifecycle:
         client takes at once, with the loop's bookkeeping for them; the deadline of the next
         read. Any other read (None) is the loop's, and it sees the same bytes."""
         leg = self.decode_leg
-        events = None if leg is None else leg.forwardable(data)
+        if leg is None:
+            return None
+        events = leg.forwardable(data)
         if events is None:
             return None
-        data = events[0].wire() if len(events) == 1 else b"".join([e.wire() for e in events])
-        if not self.sink.send_now(data):
+        out = events[0].wire() if len(events) == 1 else b"".join([e.wire() for e in events])
+        if not self.sink.send_now(out):
             return None
         for event in events:
             if event.kind is EventKind.TOKEN:
                 self.tokens += 1
             else:
                 self._metadata(event)
-        assert leg is not None
         leg.forwarded(at)
         return leg.deadline
 
