@@ -156,10 +156,7 @@ class ResponseSink:
         if self.cut:
             return _TIMED_OUT
         assert self.started, "send() before commit()"
-        try:
-            self._request.write(data)
-        except OSError:
-            self.gone = True
+        if not self._write(self._request.write, data):
             return None  # the loss cancels the request; a later write raises ClientGone
         if not self._request.conn.writing_paused:
             return None  # the usual case, once per read of a stream: nothing to wait for
@@ -168,10 +165,7 @@ class ResponseSink:
     def send_now(self, data: bytes) -> bool:
         if self.gone or self.cut or not self.started or self._request.conn.writing_paused:
             return False
-        try:
-            self._request.write(data)
-        except OSError:
-            self.gone = True  # the loss cancels the request
+        self._write(self._request.write, data)  # a loss cancels the request: taken all the same
         return True
 
     async def end(self, data: bytes, deadline: float = math.inf) -> WriteResult:
