@@ -220,29 +220,37 @@ def steady_step_s(streams: Sequence[Sequence[tuple[float, int]]]) -> float:
 
 
 def step_gaps(streams: Sequence[Sequence[tuple[float, int]]]) -> tuple[float, ...]:
-    """Per-step times of the first stream in the window in which every stream was decoding
-    (all of a batch's streams share its steps, so one stream is the batch's steps): between
-    two arrivals, the time over the tokens the later one brought. Events read together (one
-    arrival time) are one arrival; a burst the API server delivered late reads as the mean of
-    its steps, never as zero-length steps."""
+    """Per-step times in the window in which every stream was decoding (all of a batch's
+    streams share its steps, so one stream is the batch's steps): between two arrivals of the
+    stream with the most arrivals in the window, the time over the tokens the later one
+    brought. Events read together (one arrival time) are one arrival; a burst the API server
+    delivered late reads as the mean of its steps, never as zero-length steps. On a starved
+    machine a stream can arrive late and whole, leaving the window under two arrivals of any
+    stream; then the first stream's whole span stands in (its edges ran at a smaller batch)."""
     streams = [marks for marks in streams if marks]
     if not streams:
         return ()
     start = max(marks[0][0] for marks in streams)
     end = min(marks[-1][0] for marks in streams)
+    inside = max(
+        (_arrivals(m for m in marks if start <= m[0] <= end) for marks in streams), key=len
+    )
+    if len(inside) < 2:
+        inside = _arrivals(streams[0])
+    return tuple(
+        (t1 - t0) / (c1 - c0) for (t0, c0), (t1, c1) in itertools.pairwise(inside) if c1 > c0
+    )
+
+
+def _arrivals(marks: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:
+    """(time, tokens so far) marks with those read together (one time) merged into one."""
     arrivals: list[tuple[float, int]] = []
-    for at, count in streams[0]:
-        if not start <= at <= end:
-            continue
+    for at, count in marks:
         if arrivals and arrivals[-1][0] == at:
             arrivals[-1] = (at, count)
         else:
             arrivals.append((at, count))
-    return tuple(
-        (t1 - t0) / (c1 - c0)
-        for (t0, c0), (t1, c1) in itertools.pairwise(arrivals)
-        if c1 > c0
-    )
+    return arrivals
 
 
 async def _batch_span(

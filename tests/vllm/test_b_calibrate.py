@@ -53,8 +53,10 @@ def test_narwhal_calibrate_command(pair: Fleet, tmp_path: Path) -> None:
     assert first_tokens == [17, 513, 1281]
     assert all(h["prefill_s"] > 0 and h["first_token_s"] > 0 for h in data["handoffs"])
     assert 1 / 5000 < data["handoff_decode_s_per_token"] < 1 / 20  # 20..5000 tokens/s
-    # the step noise from the batch streams' per-step times, in the snippet beside the timing
-    assert all(step["gaps"] and min(step["gaps"]) >= 0 for step in data["steps"])
+    # the step noise from the batch streams' per-step times, in the snippet beside the timing;
+    # a batch whose streams each arrived whole, in one read, on the starved machine has none
+    assert all(min(step["gaps"], default=0) >= 0 for step in data["steps"])
+    assert sum(bool(step["gaps"]) for step in data["steps"]) >= 5
     assert data["tail"]["steps"] >= 20 and "step noise (" in done.stdout
     fleet = tomllib.loads(out.read_text())["fleet"]
     assert 0 <= fleet["jitter"] <= 0.95 and 0 <= fleet["straggler_rate"] < 1

@@ -95,6 +95,18 @@ def test_step_gaps_merge_one_read_and_spread_a_burst() -> None:
     assert step_gaps([]) == ()
 
 
+def test_step_gaps_read_the_stream_with_most_steps_in_the_window_or_the_whole_first() -> None:
+    first = [(0.0, 1), (0.01, 2), (0.02, 3), (0.03, 4)]
+    # the second stream's whole body arrived late, in one read: the window (0.03 to 0.03)
+    # holds one arrival of each stream, so the first stream's whole span stands in
+    late = [(0.03, 1), (0.03, 4)]
+    assert step_gaps([first, late]) == pytest.approx((0.01, 0.01, 0.01))
+    # a window the first stream reaches with one arrival but the other with three
+    sparse = [(0.0, 1), (0.05, 5), (0.1, 6)]
+    dense = [(0.01, 1), (0.02, 2), (0.03, 3), (0.05, 5), (0.2, 9)]
+    assert step_gaps([sparse, dense]) == pytest.approx((0.01, 0.01, 0.01))
+
+
 def _fleet(fit_text: str) -> dict[str, Any]:
     return tomllib.loads(fit_text)["fleet"]
 
