@@ -1,13 +1,16 @@
-"""The optional compiled build: ``NARWHAL_COMPILE=1`` compiles the simulator's hot path with mypyc.
+"""The optional compiled build: ``NARWHAL_COMPILE=1`` compiles the hot paths with mypyc.
 
 Why: a capacity-planning sweep runs the simulator millions of times per request-second it
-plans, so the hot modules (the core's request path and the simulated engine and its driver)
-are compiled to C from the same typed sources: about 2.4 times fewer instructions per simulated
-request (``benchmarks/sim_instructions.py``), 2.5-3 times the requests per second (see
-docs/simulator.md, Speed). Nothing changes in what they do: CI runs the default test suite
-against the compiled build and checks that ``narwhal simulate`` writes byte-identical results
-with it. A plain ``pip install`` (editable or not) stays pure Python, so an edited source is
-always the code that runs.
+plans, and a router's CPU per request and per streamed chunk is what bounds a core's streams.
+So the modules a simulated request and a served request pass through (the core's request path,
+the simulated engine and its driver, the live HTTP server, engine client and transport) are
+compiled to C from the same typed sources: about 2.4 times fewer instructions per simulated
+request (``benchmarks/sim_instructions.py``) and about 0.7 times the user-space instructions
+per served request (``benchmarks/router_instructions.py``); docs/simulator.md (Speed) and
+docs/benchmarks.md have the figures. Nothing changes in what they do: CI runs the default test
+suite against the compiled build and checks that ``narwhal simulate`` writes byte-identical
+results with it. A plain ``pip install`` (editable or not) stays pure Python, so an edited
+source is always the code that runs.
 
     python3 -m venv .venv-compiled
     .venv-compiled/bin/pip install 'setuptools>=77' wheel 'mypy>=1.10,<2'
@@ -23,8 +26,10 @@ from typing import Any
 
 from setuptools import setup
 
-# The modules a simulated request passes through. Not here: modules defining pydantic models
-# (mypyc cannot compile their metaclass) and everything off the hot path.
+# The modules a simulated or a served request passes through. Not here: modules defining
+# pydantic models (mypyc cannot compile their metaclass), ones with async generators
+# (narwhal/live/app.py's lifespan), subclasses of OSError (narwhal/live/h1errors.py) and
+# everything off the hot path.
 COMPILED = [
     "narwhal/core/breaker.py",
     "narwhal/core/descriptor.py",
@@ -45,6 +50,16 @@ COMPILED = [
     "narwhal/core/routing/policy.py",
     "narwhal/core/routing/prefix.py",
     "narwhal/core/sse.py",
+    "narwhal/live/clock.py",
+    "narwhal/live/gate.py",
+    "narwhal/live/h1client.py",
+    "narwhal/live/h1request.py",
+    "narwhal/live/h1server.py",
+    "narwhal/live/metrics.py",
+    "narwhal/live/reporting.py",
+    "narwhal/live/sink.py",
+    "narwhal/live/transport.py",
+    "narwhal/live/waits.py",
     "narwhal/sim/driver.py",
     "narwhal/sim/gpu/blocks.py",
     "narwhal/sim/gpu/engine.py",

@@ -73,6 +73,8 @@ NODELAY = BENCH / "nodelay.py"  # engines with TCP_NODELAY, like a real vLLM (se
 MODEL = "tiny-llama"
 ROUTERS = ("narwhal", "vllm-router", "smg", "naive", "aiohttp-relay")
 EXTRA = "narwhal-nodelay"  # Narwhal with TCP_NODELAY on its client side (--narwhal-nodelay)
+COMPILED = "narwhal-compiled"  # the mypyc build, scripts/build_compiled.sh (--narwhal-compiled)
+NARWHAL_COMPILED = ROOT / ".venv-compiled" / "bin" / "narwhal"
 PROMPT_FILLER = "Summarize the quarterly report of the northern fisheries cooperative. "
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -513,12 +515,14 @@ def router_spec(name: str, fleet: Fleet, workdir: Path, request_timeout: float) 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     timeout = str(int(request_timeout))
-    if name in ("narwhal", EXTRA):
+    if name in ("narwhal", EXTRA, COMPILED):
         config = workdir / f"narwhal-{port}.toml"
         config.write_text(narwhal_config(fleet, request_timeout))
         argv = [str(NARWHAL_BIN["path"]), "serve", "--config", str(config), "--port", str(port)]
         if name == EXTRA:
             argv[:1] = [str(PY), str(NODELAY)]
+        elif name == COMPILED:
+            argv[0] = str(NARWHAL_COMPILED)
         flags = (
             "first_token_timeout_s=1, decode_read_timeout_s=1, "
             f"request_timeout_s={timeout}, max_attempts=2, eject_after=2, probe_interval_s=5"
@@ -1158,14 +1162,15 @@ def report(results: dict[str, Any]) -> str:
                 rows,
             )
         )  # fmt: skip
+    narwhals = ["narwhal"] + ([COMPILED] if ovh and COMPILED in ovh["ttft"] else [])
     if "narwhal" in names and len(names) > 1:
         rows = []
-        for peer in [n for n in names if n != "narwhal"]:
-            row = [f"narwhal / {peer}"]
+        for peer, narwhal in [(n, w) for w in narwhals for n in names if n != "narwhal"]:
+            row = [f"{narwhal} / {peer}"]
             if ovh:
-                nt, pt = ovh["ttft"]["narwhal"], ovh["ttft"][peer]
-                ns, ps = ovh["streaming"]["narwhal"], ovh["streaming"][peer]
-                nr, pr = ovh["requests"]["narwhal"], ovh["requests"][peer]
+                nt, pt = ovh["ttft"][narwhal], ovh["ttft"][peer]
+                ns, ps = ovh["streaming"][narwhal], ovh["streaming"][peer]
+                nr, pr = ovh["requests"][narwhal], ovh["requests"][peer]
                 row += [
                     ratio(nt["added_p50_s"], pt["added_p50_s"]),
                     ratio(nt["added_p99_s"], pt["added_p99_s"]),
@@ -1175,7 +1180,7 @@ def report(results: dict[str, Any]) -> str:
                 ]
             else:
                 row += ["-"] * 5
-            if flt:
+            if flt and narwhal == "narwhal":
                 nf, pf = flt["narwhal"], flt[peer]
                 row += [
                     ratio(nf["success_pct"], pf["success_pct"]),
@@ -1253,8 +1258,10 @@ def write_csv(path: Path, results: dict[str, Any]) -> None:
 # ====================================================================== main
 
 
-def check_tools(names: list[str], profile: bool) -> None:
+def check_tools(names: list[str], profile: bool, compiled: bool) -> None:
     missing = [str(p) for p in (PY, NARWHAL_BIN["path"]) if not p.exists()]
+    if compiled and not NARWHAL_COMPILED.exists():
+        missing.append(f"{NARWHAL_COMPILED} (bash scripts/build_compiled.sh)")
     if "vllm-router" in names and not (PEERS_BIN / "vllm-router").exists():
         missing.append(str(PEERS_BIN / "vllm-router"))
     if "smg" in names and not (PEERS_BIN / "smg").exists():
@@ -1278,6 +1285,12 @@ def main() -> None:
         "--narwhal-nodelay",
         action="store_true",
         help=f"phase 1 also measures {EXTRA}: Narwhal with TCP_NODELAY (see nodelay.py)",
+    )
+    parser.add_argument(
+        "--narwhal-compiled",
+        action="store_true",
+        help=f"phase 1 also measures {COMPILED}: .venv-compiled/bin/narwhal, the mypyc build "
+        "of scripts/build_compiled.sh",
     )
     parser.add_argument("--skip", nargs="+", default=[], choices=["overhead", "faults"])
     parser.add_argument(
@@ -1312,7 +1325,7 @@ def main() -> None:
     names = list(args.only or ROUTERS)
     PEER_POLICY["policy"] = args.peer_policy
     NARWHAL_BIN["path"] = args.narwhal_bin.absolute()
-    check_tools(names, args.profile or args.profile_only)
+    check_tools(names, args.profile or args.profile_only, args.narwhal_compiled)
     cfg = Settings.make(args.quick)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(exist_ok=True)
@@ -1345,6 +1358,7 @@ def main() -> None:
             if "overhead" not in args.skip:
                 print("phase 1: overhead", flush=True)
                 extra = [EXTRA] if args.narwhal_nodelay else []
+                extra += [COMPILED] if args.narwhal_compiled else []
                 results["overhead"] = phase_overhead(stack, loadgen, names + extra, cfg, workdir)
             if "faults" not in args.skip:
                 print("phase 2: fault goodput", flush=True)

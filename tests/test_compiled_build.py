@@ -112,3 +112,48 @@ def test_a_simulated_streams_bytes_leave_nothing_behind() -> None:
     }
     left = {name: blocks_left(build) for name, build in builders.items()}
     assert all(per_call < 0.05 for per_call in left.values()), left
+
+
+class _DiscardingTransport:
+    """Takes an answer's writes and drops them (what is measured is the router's bytes)."""
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+
+def test_a_live_requests_bytes_leave_nothing_behind() -> None:
+    """An engine request's bytes, and a streamed answer (its held head written with the first
+    chunk, then the last), built over and over, leave no heap block behind."""
+    import asyncio
+
+    from narwhal.core.config import ClientSettings
+    from narwhal.live.h1client import Origin, request_bytes
+    from narwhal.live.h1request import EdgeRequest, Headers
+    from narwhal.live.h1server import EdgeConnection, EdgeServer
+
+    async def unused(request: EdgeRequest) -> None:
+        raise AssertionError("no request is served")
+
+    async def measure() -> dict[str, float]:
+        conn = EdgeConnection(EdgeServer(unused, ClientSettings()))
+        conn.transport = _DiscardingTransport()  # type: ignore[assignment]
+
+        def streamed_answer() -> None:
+            request = EdgeRequest(conn, "POST", "/v1/completions", (1, 1), Headers({}), True)
+            request.hold_head(200, {"content-type": "text/event-stream"})
+            request.write(b'data: {"choices":[{"text":"a"}]}\n\n')
+            request.write_eof(b"data: [DONE]\n\n")
+
+        origin = Origin.of("http://127.0.0.1:8000")
+        body = b'{"prompt":"hello","max_tokens":1}'
+        builders: dict[str, Callable[[], object]] = {
+            "request_bytes": lambda: request_bytes("POST", origin, "/v1/x", {"a": "b"}, body),
+            "streamed answer": streamed_answer,
+        }
+        return {name: blocks_left(build) for name, build in builders.items()}
+
+    left = asyncio.run(measure())
+    assert all(per_call < 0.05 for per_call in left.values()), left

@@ -42,19 +42,12 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from narwhal.live.h1errors import ConnectionLost, EngineProtocolError
 from narwhal.live.h1request import check_headers
 
 MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and headers) longer than this is a fault
 HIGH_WATER = 256 * 1024  # unread body bytes at which the socket stops being read
 _FRAMING = (b"content-length", b"transfer-encoding")  # a body with either ends on its own
-
-
-class EngineProtocolError(Exception):
-    """The engine's bytes are not a valid HTTP/1.1 response (or its head is too long)."""
-
-
-class ConnectionLost(ConnectionResetError):
-    """The connection ended before the response did."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +81,15 @@ def request_bytes(
     lines.extend(f"{name}: {value}" for name, value in headers.items())
     if body is not None or method in ("POST", "PUT"):
         lines.append(f"Content-Length: {len(body) if body is not None else 0}")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head + body if body else head
+    lines.append("\r\n")  # the blank line that ends the head
+    head = "\r\n".join(lines).encode("latin-1")
+    return b"".join((head, body)) if body else head
 
 
-class H1Connection(asyncio.Protocol):
-    """One socket to an engine: writes a request, parses its response."""
+class H1Connection:
+    """One socket to an engine: writes a request, parses its response. An asyncio protocol by
+    its callbacks, which the loop calls by name, rather than by subclassing
+    :class:`asyncio.Protocol`: a plain class is one the compiled build makes native."""
 
     def __init__(self, pool: H1Pool, origin: Origin) -> None:
         self.pool = pool
@@ -194,10 +190,19 @@ class H1Connection(asyncio.Protocol):
         self.keep_alive = False
         self.close()
 
-    # ------------------------------------------------------------------ asyncio.Protocol
+    # ------------------------------------------------------------------ the protocol's callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def eof_received(self) -> None:
+        """The engine closed its side: the transport closes (``connection_lost`` follows)."""
+
+    def pause_writing(self) -> None:
+        """A request is one write, bounded by the client's body limit: nothing to pause."""
+
+    def resume_writing(self) -> None:
+        """See :meth:`pause_writing`."""
 
     def data_received(self, data: bytes) -> None:
         if self.complete:  # bytes nobody asked for: this connection cannot be trusted again
@@ -337,8 +342,9 @@ class H1Pool:
                     self._room.remove(waiter)
         self.open += 1
         try:
-            _, conn = await loop.create_connection(
-                lambda: H1Connection(self, origin),
+            _, made = await loop.create_connection(
+                # (a protocol by its callbacks: typeshed asks for an asyncio.BaseProtocol)
+                lambda: cast(asyncio.BaseProtocol, H1Connection(self, origin)),
                 origin.host,
                 origin.port,
                 ssl=self._tls_context() if origin.tls else None,
@@ -348,6 +354,7 @@ class H1Pool:
             self.open -= 1
             self._make_room()
             raise
+        conn = cast(H1Connection, made)
         conn.counted = True
         return conn
 

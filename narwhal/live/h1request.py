@@ -263,7 +263,7 @@ class EdgeRequest:
         if self._chunked:
             data = b"%x\r\n%b\r\n" % (len(data), data)
         head, self._held_head = self._held_head, None
-        self._send(data if head is None else head + data)
+        self._send(data if head is None else b"".join((head, data)))
 
     def write_eof(self, data: bytes = b"") -> None:
         """A streamed response's last bytes and its end, in one write."""

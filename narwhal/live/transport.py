@@ -64,13 +64,8 @@ from narwhal.core.ports import (
     TimedOut,
 )
 from narwhal.core.stalls import StallLedger
-from narwhal.live.h1client import (
-    EngineProtocolError,
-    H1Connection,
-    H1Pool,
-    Origin,
-    request_bytes,
-)
+from narwhal.live.h1client import H1Connection, H1Pool, Origin, request_bytes
+from narwhal.live.h1errors import EngineProtocolError
 from narwhal.live.waits import DeadlinePassed, ReadDeadline, deadline_at
 
 RELEASE_PATH = "/kv/release"

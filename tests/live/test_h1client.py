@@ -13,13 +13,12 @@ import pytest
 from narwhal.live.h1client import (
     HIGH_WATER,
     MAX_HEAD_BYTES,
-    ConnectionLost,
-    EngineProtocolError,
     H1Connection,
     H1Pool,
     Origin,
     request_bytes,
 )
+from narwhal.live.h1errors import ConnectionLost, EngineProtocolError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
