@@ -12,6 +12,7 @@ Needs ``valgrind``; a few minutes per router.
     .venv/bin/python benchmarks/router_instructions.py --only narwhal vllm-router
     .venv/bin/python benchmarks/router_instructions.py --tokens 64 --decode-s-per-token 0.01
     .venv/bin/python benchmarks/router_instructions.py --narwhal-bin ../old/.venv/bin/narwhal
+    .venv/bin/python benchmarks/router_instructions.py --only narwhal narwhal-compiled
 
 The engines and the routers' settings are ``benchmarks/routers.py``'s (one producer, one
 consumer, every timing 0 unless ``--decode-s-per-token``); Narwhal's first-token and silence
@@ -77,7 +78,7 @@ def router_argv(name: str, fleet: routers.Fleet, workdir: Path) -> tuple[list[st
     """How ``routers.py`` starts ``name``, with Narwhal's timeouts raised to 30 s (under
     callgrind it runs about 50 times slower)."""
     spec = routers.router_spec(name, fleet, workdir, 60.0)
-    if name == "narwhal":
+    if name in ("narwhal", routers.COMPILED):
         config = Path(spec.argv[spec.argv.index("--config") + 1])
         text = config.read_text()
         for key in ("first_token_timeout_s", "decode_read_timeout_s"):
@@ -88,7 +89,8 @@ def router_argv(name: str, fleet: routers.Fleet, workdir: Path) -> tuple[list[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="+", default=["narwhal"], choices=routers.ROUTERS)
+    names = (*routers.ROUTERS, routers.COMPILED)
+    parser.add_argument("--only", nargs="+", default=["narwhal"], choices=names)
     parser.add_argument("--narwhal-bin", type=Path, default=routers.NARWHAL)
     parser.add_argument("--base", type=int, default=20)
     parser.add_argument("--requests", type=int, default=200)

@@ -16,7 +16,8 @@ keeps its last value); it refuses lone UTF-16 surrogates (``"\\ud800"``), which 
 through. :func:`parse_bounded_json` first counts the values: outside strings, every value but
 the first follows a comma or is the first item of a non-empty container, so the count is
 ``1 + commas + containers - empty containers`` (an empty one written ``[]`` or ``{}``; one with
-whitespace inside counts as one more value). Counting over the raw bytes is a few
+whitespace inside counts as one more value). A body of fewer bytes than the bound needs no
+count at all (no two values share a first byte). Counting over the raw bytes is a few
 ``bytes.count``: commas and brackets inside strings can only make that count higher (each
 ``[]`` inside a string also holds a ``[``), so only when it is over the bound are the strings
 replaced by a one-byte stand-in and the count taken again, exactly.
@@ -56,7 +57,11 @@ def _structural(text: bytes) -> int:
 
 def value_bound(raw: bytes, limit: int) -> int:
     """An upper bound on the JSON values in ``raw``, exact once it is over ``limit`` (for valid
-    JSON whose empty containers are written ``[]`` and ``{}``); keys are not values."""
+    JSON whose empty containers are written ``[]`` and ``{}``); keys are not values. A body no
+    longer than ``limit`` bytes is under it without counting: every value has a first byte of
+    its own (a scalar's first character, a container's opening bracket)."""
+    if len(raw) <= limit:
+        return len(raw)
     quick = _structural(raw)
     if quick <= limit:
         return quick

@@ -26,7 +26,6 @@ with the head alone.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -41,17 +40,22 @@ BODY_HIGH_WATER = 256 * 1024  # unread request body bytes at which the socket st
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 CRLF = b"\r\n"
 LAST_CHUNK = b"0\r\n\r\n"
-_NOT_IN_NAMES = re.compile(r"[\s:\0]")
-_NOT_IN_VALUES = re.compile(r"[\r\n\0]")
 
 
 def check_headers(headers: Mapping[str, str]) -> None:
-    """Refuse a header that would end the head early or start another (a name with a colon or
-    a space, a value with a line break): the names and the values are each searched at once."""
+    """Refuse a header that would end the head early or start another: a name that is not
+    printable ASCII without spaces and colons, a value with a line break or a NUL. The names
+    and the values are each checked joined, with string methods (each one pass in C)."""
+    names = "".join(headers)
+    values = "".join(headers.values())
     if (
         "" in headers
-        or _NOT_IN_NAMES.search("".join(headers))
-        or _NOT_IN_VALUES.search("".join(headers.values()))
+        or not (names.isascii() and names.isprintable())
+        or " " in names
+        or ":" in names
+        or "\r" in values
+        or "\n" in values
+        or "\0" in values
     ):
         raise ValueError(f"header not sendable: {headers!r}")
 

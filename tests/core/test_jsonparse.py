@@ -80,6 +80,7 @@ def test_value_bound_is_the_count(value: Any, spaced: bool) -> None:
     exact = count_values(value)
     assert value_bound(raw, 0) == exact  # over the limit: the exact count
     assert value_bound(raw, 10**9) >= exact  # the quick count may only overshoot
+    assert exact <= len(raw)  # why a body of at most ``limit`` bytes needs no count
     assert parse_bounded_json(raw, exact) == json.loads(raw)
     if exact > 1:
         with pytest.raises(TooManyValues):

@@ -249,5 +249,18 @@ def test_a_request_is_one_write_with_its_length_and_refuses_a_header_that_would_
         request_bytes("GET", origin, "/", {"X-Request-Id": "a\r\nX-Evil: 1"}, None)
     with pytest.raises(ValueError):
         request_bytes("GET", origin, "/", {"X-Evil: 1\r\nX-Request-Id": "a"}, None)
+    for unsendable in (
+        {"X-Request-Id": "a\nX-Evil: 1"},
+        {"X-Request-Id": "a\0"},
+        {"X Request-Id": "a"},
+        {"X-Request-Id\t": "a"},
+        {"X-Request-Id\0": "a"},
+        {"X-R\u00e9quest": "a"},
+        {"": "a"},
+    ):
+        with pytest.raises(ValueError):
+            request_bytes("GET", origin, "/", unsendable, None)
+    sendable = {"X-Request-Id": "a b\tc", "traceparent": "00-ab-cd-01"}  # spaces, tabs in values
+    assert b"X-Request-Id: a b\tc\r\n" in request_bytes("GET", origin, "/", sendable, None)
     with pytest.raises(ValueError):
         Origin.of("ftp://engine")
