@@ -6,11 +6,11 @@ So the modules a simulated request and a served request pass through (the core's
 the simulated engine and its driver, the live HTTP server, engine client and transport) are
 compiled to C from the same typed sources: about 2.4 times fewer instructions per simulated
 request (``benchmarks/sim_instructions.py``) and about two thirds of the user-space
-instructions per served request and per streamed chunk (``benchmarks/router_instructions.py``); docs/simulator.md (Speed) and
-docs/benchmarks.md have the figures. Nothing changes in what they do: CI runs the default test
-suite against the compiled build and checks that ``narwhal simulate`` writes byte-identical
-results with it. A plain ``pip install`` (editable or not) stays pure Python, so an edited
-source is always the code that runs.
+instructions per served request and per streamed chunk (``benchmarks/router_instructions.py``);
+docs/simulator.md (Speed) and docs/benchmarks.md have the figures. Nothing changes in what
+they do: CI runs the default test suite against the compiled build and checks that ``narwhal
+simulate`` writes byte-identical results with it. A plain ``pip install`` (editable or not)
+stays pure Python, so an edited source is always the code that runs.
 
     python3 -m venv .venv-compiled
     .venv-compiled/bin/pip install 'setuptools>=77' wheel 'mypy>=1.10,<2'
