@@ -41,30 +41,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import routers  # this folder's benchmark harness
 
 
+def stream_completions(url: str, requests: int, tokens: int, timeout: float = 120) -> None:
+    """``requests`` streamed completions of ``tokens`` tokens through the router at ``url``,
+    one after another, each read to its end (``SystemExit`` on a status other than 200)."""
+    import httpx
+
+    body = {
+        "model": routers.MODEL,
+        "prompt": routers.PROMPT_FILLER * 6,
+        "max_tokens": tokens,
+        "stream": True,
+    }
+    with httpx.Client(timeout=timeout) as client:
+        for _ in range(requests):
+            with client.stream("POST", url + "/v1/completions", json=body) as reply:
+                if reply.status_code != 200:
+                    raise SystemExit(f"status {reply.status_code} from {url}")
+                for _chunk in reply.iter_bytes():
+                    pass
+
+
 def serve_and_count(argv: list[str], url: str, requests: int, tokens: int, out: Path) -> int:
     """Instructions of one router process run under callgrind (``argv``, serving at ``url``)
     while it served ``requests`` streamed completions, one after another."""
-    import httpx
-
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no"]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     with open(out.with_suffix(".err"), "w") as err:
         proc = subprocess.Popen(cmd + argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
     try:
         routers.wait_router(routers.RouterSpec("router", url, argv, ""), 300)
-        body = {
-            "model": routers.MODEL,
-            "prompt": routers.PROMPT_FILLER * 6,
-            "max_tokens": tokens,
-            "stream": True,
-        }
-        with httpx.Client(timeout=120) as client:
-            for _ in range(requests):
-                with client.stream("POST", url + "/v1/completions", json=body) as reply:
-                    if reply.status_code != 200:
-                        raise SystemExit(f"status {reply.status_code}; see {out.parent}")
-                    for _chunk in reply.iter_bytes():
-                        pass
+        stream_completions(url, requests, tokens)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(120)

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import router_instructions  # this folder's: how routers.py starts Narwhal
+import router_instructions  # this folder's: how routers.py starts Narwhal, and the load
 import routers  # this folder's benchmark harness
 
 
@@ -38,8 +38,6 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--tokens", type=int, default=1)
     args = parser.parse_args()
-    import httpx
-
     routers.NARWHAL_BIN["path"] = args.narwhal_bin.absolute()
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-rss-"))
     stack = routers.Stack(workdir)
@@ -49,22 +47,10 @@ def main() -> None:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             routers.wait_router(routers.RouterSpec("narwhal", url, argv, ""), 60)
-            body = {
-                "model": routers.MODEL,
-                "prompt": routers.PROMPT_FILLER * 6,
-                "max_tokens": args.tokens,
-                "stream": True,
-            }
-            with httpx.Client(timeout=60) as client:
-                for round_ in range(1, args.rounds + 1):
-                    for _ in range(args.requests):
-                        with client.stream("POST", url + "/v1/completions", json=body) as reply:
-                            if reply.status_code != 200:
-                                raise SystemExit(f"status {reply.status_code}")
-                            for _chunk in reply.iter_bytes():
-                                pass
-                    served = round_ * args.requests
-                    print(f"{served:>7} requests: RSS {rss_kib(proc.pid):,} KiB", flush=True)
+            for round_ in range(1, args.rounds + 1):
+                router_instructions.stream_completions(url, args.requests, args.tokens, 60)
+                served = round_ * args.requests
+                print(f"{served:>7} requests: RSS {rss_kib(proc.pid):,} KiB", flush=True)
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(60)
