@@ -142,7 +142,7 @@ class H1Connection:
                 return b""
             await self._wait()
         pieces = self._pieces
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        data = b"".join(pieces)  # (one piece: that piece itself, not a copy)
         self._pieces = []
         self._held = 0
         if self._paused and self.transport is not None:
@@ -282,7 +282,7 @@ class H1Connection:
         if waiter is not None and not waiter.done() and not self.complete and self._error is None:
             assert self.relay is not None
             pieces = self._pieces
-            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            data = b"".join(pieces)
             if self.relay(data):
                 self._pieces = []
                 self._held = 0

@@ -207,7 +207,7 @@ class EdgeRequest:
             finally:
                 self._waiter = None
         pieces = self._pieces
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        data = b"".join(pieces)
         self._pieces = []
         self._held = 0
         self.conn.body_read()
@@ -280,7 +280,7 @@ class EdgeRequest:
         elif data:
             parts.append(data)
         if parts:
-            self._send(parts[0] if len(parts) == 1 else b"".join(parts))
+            self._send(b"".join(parts))
         self.answered = True
 
     def send_held_head(self) -> None:
