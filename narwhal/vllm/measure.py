@@ -197,6 +197,12 @@ async def _stream_marks(
     return seen.marks
 
 
+def _all_decoding(streams: Sequence[Sequence[tuple[float, int]]]) -> tuple[float, float]:
+    """The window in which every (non-empty) stream was decoding: from the last stream's first
+    token to the first stream's last."""
+    return max(marks[0][0] for marks in streams), min(marks[-1][0] for marks in streams)
+
+
 def steady_step_s(streams: Sequence[Sequence[tuple[float, int]]]) -> float:
     """The step time while every stream was decoding: in the window from the last stream's
     first token to the first stream's last token, each stream's time per token; the median.
@@ -204,8 +210,7 @@ def steady_step_s(streams: Sequence[Sequence[tuple[float, int]]]) -> float:
     streams = [marks for marks in streams if marks]
     if not streams:
         raise RuntimeError("no stream generated any text: no decode step to time")
-    start = max(marks[0][0] for marks in streams)
-    end = min(marks[-1][0] for marks in streams)
+    start, end = _all_decoding(streams)
     per_token: list[float] = []
     for marks in streams:
         inside = [m for m in marks if start <= m[0] <= end]
@@ -230,8 +235,7 @@ def step_gaps(streams: Sequence[Sequence[tuple[float, int]]]) -> tuple[float, ..
     streams = [marks for marks in streams if marks]
     if not streams:
         return ()
-    start = max(marks[0][0] for marks in streams)
-    end = min(marks[-1][0] for marks in streams)
+    start, end = _all_decoding(streams)
     inside = max(
         (_arrivals(m for m in marks if start <= m[0] <= end) for marks in streams), key=len
     )
