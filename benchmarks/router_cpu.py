@@ -5,13 +5,15 @@ Usage::
 
     .venv/bin/python benchmarks/router_cpu.py          # narwhal, vllm-router, aiohttp-relay
     .venv/bin/python benchmarks/router_cpu.py --perf   # and perf's split of Narwhal's samples
+    .venv/bin/python benchmarks/router_cpu.py --only narwhal narwhal-compiled vllm-router --rounds 5
 
 The fleet, the routers and the load client are ``benchmarks/routers.py``'s (one producer, one
-consumer, every timing at 0; 16 closed-loop streamed completions of one token), two rounds per
-router, alternated. Each round reads the router process's user and system CPU (every thread)
-from ``/proc`` when the measured window opens and ends. ``--perf`` records the router with
-``perf record -F 1999 -g`` during its second round and prints ``perf report``'s share of samples
-by shared object (``libpython`` is Python bytecode being run, ``loop.cpython`` uvloop,
+consumer, every timing at 0; 16 closed-loop streamed completions of one token), ``--rounds``
+rounds per router (2 unless given), alternated. Each round reads the router process's user and
+system CPU (every thread) from ``/proc`` when the measured window opens and ends; the summary
+gives each router's median and its ratio to vllm-router round by round. ``--perf`` records the
+router with ``perf record -F 1999 -g`` during its second round and prints ``perf report``'s share
+of samples by shared object (``libpython`` is Python bytecode being run, ``loop.cpython`` uvloop,
 ``[kernel.kallsyms]`` the system calls).
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,6 +98,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=["narwhal", "vllm-router", "aiohttp-relay"])
     parser.add_argument("--perf", action="store_true", help="perf's split of Narwhal's samples")
     parser.add_argument("--no-pin", action="store_true", help="no core of its own for the router")
+    parser.add_argument("--rounds", type=int, default=2, help="alternated rounds per router")
     args = parser.parse_args()
     print(routers.cores.pin(not args.no_pin), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-router-cpu-"))
@@ -108,7 +112,8 @@ def main() -> None:
             stack.start(name, spec.argv, router=True)
             routers.wait_router(spec, 30)
             specs[name] = spec
-        for round_index in range(2):
+        totals: dict[str, list[float]] = {name: [] for name in specs}
+        for round_index in range(args.rounds):
             for name, spec in specs.items():
                 profile = args.perf and round_index == 1 and name == "narwhal"
                 recording = workdir / f"{name}.perf" if profile else None
@@ -120,10 +125,30 @@ def main() -> None:
                     f"user {1e3 * user / served:.3f} ms, system {1e3 * system / served:.3f} ms",
                     flush=True,
                 )
+                totals[name].append((user + system) / served)
                 if recording is not None:
                     print(perf_split(recording))
+        print(summary(totals))
     finally:
         stack.stop_all()
+
+
+def summary(totals: dict[str, list[float]]) -> str:
+    """Each router's median CPU per request over its rounds, and its ratio to vllm-router's
+    in each round (rounds alternate, so a round's ratio compares neighbours in time)."""
+    lines = ["median user + system CPU per request, and the ratio to vllm-router round by round"]
+    base = totals.get("vllm-router")
+    for name, values in totals.items():
+        line = f"{name:>14}: {1e3 * statistics.median(values):.3f} ms"
+        if base is not None and name != "vllm-router":
+            ratios = [value / reference for value, reference in zip(values, base, strict=True)]
+            line += (
+                f", ratio {statistics.median(ratios):.2f}x ("
+                + ", ".join(f"{ratio:.2f}" for ratio in ratios)
+                + ")"
+            )
+        lines.append(line)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

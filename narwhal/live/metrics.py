@@ -7,16 +7,21 @@ time. Nothing here decides anything.
 
 Theory of operation: :class:`RouterMetrics` owns a private ``CollectorRegistry``: counters and
 histograms are fed by :meth:`on_record` and :meth:`on_decision` (the router hands the latter to
-its ``DecisionLog`` as the log's ``on_decision`` callback); gauges of the fleet (engine state,
-failure streak, reservations in flight) are collected at scrape time from the breaker and the
-placement. :func:`status_document` builds ``GET /status`` (the shape docs/live.md documents),
-converting monotonic times to the epoch.
+its ``DecisionLog`` as the log's ``on_decision`` callback). What every request adds to (its
+count, attempts, placements, latency histograms, tokens) is kept as plain numbers in
+:class:`_RequestCounts` and exported at scrape time in the series ``prometheus_client`` would
+write for them; rarer events (ejections, retries...) are its own ``Counter`` objects. Gauges of
+the fleet (engine state, failure streak, reservations in flight) are collected at scrape time
+from the breaker and the placement. :func:`status_document` builds ``GET /status`` (the shape
+docs/live.md documents), converting monotonic times to the epoch.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import platform
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,12 +29,12 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from narwhal import __version__
 from narwhal.core.admission import REFUSED
@@ -44,7 +49,6 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 # Time per output token: vLLM's buckets for its own histogram of the same name.
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
-MAX_PLACEMENT_CHILDREN = 4096  # cached (engine, phase) children; cleared when full (reloads)
 
 # A counter's ``_created`` series doubles every series for a timestamp Prometheus does not use
 # (and `promtool check metrics` flags); prometheus_client's switch for it is process-wide.
@@ -184,9 +188,33 @@ class _StallCollector:
         )
 
 
+class _Histogram:
+    """One histogram series as plain numbers: observations by bucket (the last is ``+Inf``)
+    and their sum. Exported by :class:`_RequestCollector` as Prometheus exports its own."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        # a bucket counts the values at most its bound (``le``): the first bound >= value
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """``(le, count)`` pairs, cumulative, ending at ``+Inf``."""
+        running, pairs = 0, []
+        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
+            running += count
+            pairs.append((floatToGoString(bound), float(running)))  # type: ignore[no-untyped-call]
+        return pairs
+
+
 class _ModelSeries:
-    """One model label's children of the request-level series (``labels()`` once, not per
-    request)."""
+    """The request-level series of one model label (a bounded set: ``ModelLabels``)."""
 
     __slots__ = (
         "e2e_latency",
@@ -197,13 +225,92 @@ class _ModelSeries:
         "time_to_prefill",
     )
 
-    def __init__(self, metrics: RouterMetrics, model: str) -> None:
-        self.e2e_latency = metrics.e2e_latency.labels(model)
-        self.generation_tokens = metrics.generation_tokens.labels(model)
-        self.prompt_tokens = metrics.prompt_tokens.labels(model)
-        self.time_to_prefill = metrics.time_to_prefill.labels(model)
-        self.time_to_first_token = metrics.time_to_first_token.labels(model)
-        self.time_per_output_token = metrics.time_per_output_token.labels(model)
+    def __init__(self) -> None:
+        self.e2e_latency = _Histogram(E2E_BUCKETS)
+        self.time_to_prefill = _Histogram(LATENCY_BUCKETS)
+        self.time_to_first_token = _Histogram(LATENCY_BUCKETS)
+        self.time_per_output_token = _Histogram(TPOT_BUCKETS)
+        self.generation_tokens = 0
+        self.prompt_tokens = 0
+
+
+# (name, help, buckets' attribute of _ModelSeries), in the order they are exported
+_HISTOGRAMS = (
+    (
+        "narwhal_time_to_first_token_seconds",
+        "arrival to the first generated output sent on (the client's time to first token; "
+        "the contract's first_byte_s)",
+        "time_to_first_token",
+    ),
+    (
+        "narwhal_time_to_prefill_seconds",
+        "arrival to the producer's prefill leg completed (the contract's ttft_s)",
+        "time_to_prefill",
+    ),
+    (
+        "narwhal_e2e_request_latency_seconds",
+        "arrival to the end of the response, every request",
+        "e2e_latency",
+    ),
+    (
+        "narwhal_time_per_output_token_seconds",
+        "mean time between generated outputs after the first, per successful request",
+        "time_per_output_token",
+    ),
+)
+
+
+class _RequestCounts:
+    """What every request adds to: counts and histograms kept as plain numbers, exported at
+    scrape time (:meth:`collect`). Every request and both of its placements update them, so
+    they skip ``prometheus_client``'s per-update lock and label lookup: the router updates and
+    scrapes them from its one event-loop thread."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, int, str], int] = {}  # (outcome, status, model)
+        self.attempts = 0
+        self.placements: dict[tuple[str, str], int] = {}  # (engine, phase): the fleet's engines
+        self.per_model: dict[str, _ModelSeries] = {}
+
+    def collect(self) -> Iterator[Any]:
+        requests = CounterMetricFamily(
+            "narwhal_requests",
+            "client requests by outcome and status",
+            labels=["outcome", "status", "model"],
+        )
+        for (outcome, status, model), count in self.requests.items():
+            requests.add_metric([outcome, str(status), model], float(count))
+        yield requests
+        for name, doc, attribute in _HISTOGRAMS:
+            family = HistogramMetricFamily(name, doc, labels=["model"])
+            for model, series in self.per_model.items():
+                histogram: _Histogram = getattr(series, attribute)
+                family.add_metric([model], histogram.cumulative(), histogram.total)
+            yield family
+        generated = CounterMetricFamily(
+            "narwhal_generation_tokens", "generated outputs sent to clients", labels=["model"]
+        )
+        prompts = CounterMetricFamily(
+            "narwhal_prompt_tokens",
+            "prompt tokens of client requests, as the engines reported them (usage.prompt_tokens "
+            "of the prefill reply or of the decode's usage chunk; a request no engine reported "
+            "for is not counted)",
+            labels=["model"],
+        )
+        for model, series in self.per_model.items():
+            generated.add_metric([model], float(series.generation_tokens))
+            prompts.add_metric([model], float(series.prompt_tokens))
+        yield generated
+        yield prompts
+        yield CounterMetricFamily(
+            "narwhal_attempts", "prefill/decode attempts started", value=float(self.attempts)
+        )
+        placements = CounterMetricFamily(
+            "narwhal_placements", "phase placements", labels=["engine", "phase"]
+        )
+        for (engine, phase), count in self.placements.items():
+            placements.add_metric([engine, phase], float(count))
+        yield placements
 
 
 class RouterMetrics:
@@ -212,66 +319,16 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
-            "narwhal_requests",
-            "client requests by outcome and status",
-            ["outcome", "status", "model"],
-            registry=r,
-        )
         # The contract's two times, named for what they measure (docs/live.md): the client's
-        # time to first token is first_byte_s; ttft_s ends when the prefill leg does.
-        self.time_to_first_token = Histogram(
-            "narwhal_time_to_first_token_seconds",
-            "arrival to the first generated output sent on (the client's time to first token; "
-            "the contract's first_byte_s)",
-            buckets=LATENCY_BUCKETS,
-            labelnames=["model"],
-            registry=r,
-        )
-        self.time_to_prefill = Histogram(
-            "narwhal_time_to_prefill_seconds",
-            "arrival to the producer's prefill leg completed (the contract's ttft_s)",
-            buckets=LATENCY_BUCKETS,
-            labelnames=["model"],
-            registry=r,
-        )
-        self.e2e_latency = Histogram(
-            "narwhal_e2e_request_latency_seconds",
-            "arrival to the end of the response, every request",
-            buckets=E2E_BUCKETS,
-            labelnames=["model"],
-            registry=r,
-        )
-        self.time_per_output_token = Histogram(
-            "narwhal_time_per_output_token_seconds",
-            "mean time between generated outputs after the first, per successful request",
-            buckets=TPOT_BUCKETS,
-            labelnames=["model"],
-            registry=r,
-        )
-        self.generation_tokens = Counter(
-            "narwhal_generation_tokens",
-            "generated outputs sent to clients",
-            ["model"],
-            registry=r,
-        )
-        self.prompt_tokens = Counter(
-            "narwhal_prompt_tokens",
-            "prompt tokens of client requests, as the engines reported them (usage.prompt_tokens "
-            "of the prefill reply or of the decode's usage chunk; a request no engine reported "
-            "for is not counted)",
-            ["model"],
-            registry=r,
-        )
+        # time to first token is first_byte_s (narwhal_time_to_first_token_seconds); ttft_s
+        # ends when the prefill leg does (narwhal_time_to_prefill_seconds).
+        self.counts = _RequestCounts()
+        r.register(self.counts)
         self.build_info = Gauge(
             "narwhal_build_info", "1, labelled with the build", ["version", "python"], registry=r
         )
         self.build_info.labels(__version__, platform.python_version()).set(1)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes...
-        self.attempts = Counter("narwhal_attempts", "prefill/decode attempts started", registry=r)
-        self.placements = Counter(
-            "narwhal_placements", "phase placements", ["engine", "phase"], registry=r
-        )
         self.ejections = Counter(
             "narwhal_ejections", "engines ejected", ["engine", "reason"], registry=r
         )
@@ -336,12 +393,6 @@ class RouterMetrics:
             registry=r,
         )
 
-        self._per_model: dict[str, _ModelSeries] = {}
-        # narwhal_requests children by (outcome, status, model): bounded sets, each looked up once
-        self._request_counts: dict[tuple[str, int, str], Any] = {}
-        # narwhal_placements children by (engine, phase), bounded by the fleet's engines
-        self._placement_counts: dict[tuple[str, str], Any] = {}
-
     def attach(self, policies: Policies, clock: AnyioClock) -> None:
         """Start collecting the fleet gauges of ``policies``."""
         self.registry.register(_FleetCollector(policies, clock))
@@ -352,21 +403,17 @@ class RouterMetrics:
 
     def on_record(self, record: RequestRecord, model: str) -> None:
         """Count one finished request; ``model`` is its label (bounded: ``ModelLabels``)."""
+        counts = self.counts
         key = (record.outcome, record.status, model)
-        count = self._request_counts.get(key)
-        if count is None:
-            count = self._request_counts[key] = self.requests.labels(
-                record.outcome, str(record.status), model
-            )
-        count.inc()
-        self.attempts.inc(record.attempts)
-        series = self._per_model.get(model)
+        counts.requests[key] = counts.requests.get(key, 0) + 1
+        counts.attempts += record.attempts
+        series = counts.per_model.get(model)
         if series is None:  # once per label value (a bounded set)
-            series = self._per_model[model] = _ModelSeries(self, model)
+            series = counts.per_model[model] = _ModelSeries()
         series.e2e_latency.observe(record.finished_s)
-        series.generation_tokens.inc(record.output_tokens)
+        series.generation_tokens += record.output_tokens
         if record.prompt_tokens is not None:
-            series.prompt_tokens.inc(record.prompt_tokens)
+            series.prompt_tokens += record.prompt_tokens
         if record.ttft_s is not None:
             series.time_to_prefill.observe(record.ttft_s)
         if record.first_byte_s is not None:
@@ -378,16 +425,10 @@ class RouterMetrics:
     def on_decision(self, decision: Decision) -> None:
         engine = decision.engine or ""
         kind = decision.kind
-        if kind == "place":  # twice per request: its children are looked up once each
-            phase = str(dict(decision.detail).get("phase", ""))
-            placed = self._placement_counts.get((engine, phase))
-            if placed is None:
-                if len(self._placement_counts) >= MAX_PLACEMENT_CHILDREN:
-                    self._placement_counts.clear()
-                placed = self._placement_counts[engine, phase] = self.placements.labels(
-                    engine, phase
-                )
-            placed.inc()
+        if kind == "place":  # twice per request
+            key = (engine, str(dict(decision.detail).get("phase", "")))
+            placements = self.counts.placements
+            placements[key] = placements.get(key, 0) + 1
             return
         detail = dict(decision.detail)
         if kind == "eject":
