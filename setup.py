@@ -28,8 +28,9 @@ from setuptools import setup
 
 # The modules a simulated or a served request passes through. Not here: modules defining
 # pydantic models (mypyc cannot compile their metaclass), ones with async generators
-# (narwhal/live/app.py's lifespan), subclasses of OSError (narwhal/live/h1errors.py) and
-# everything off the hot path.
+# (narwhal/live/app.py's lifespan), subclasses of OSError (narwhal/live/h1errors.py),
+# narwhal/live/inference.py (compiled, a served request took 2 % more instructions,
+# benchmarks/router_instructions.py) and everything off the hot path.
 COMPILED = [
     "narwhal/core/breaker.py",
     "narwhal/core/descriptor.py",

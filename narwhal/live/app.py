@@ -5,22 +5,19 @@ Rule kept here: this module is a thin driver. It parses HTTP into the core's val
 request to :func:`narwhal.core.lifecycle.serve_request` and the fleet to
 :func:`narwhal.core.probe.maintenance_loop`, both unchanged, and reports what the core recorded.
 It makes no routing, timeout, breaker, retry or admission decision of its own; the only statuses
-it chooses are for requests the core never sees (401 bad key, 415 a body not sent as JSON and 421
-a Host not allowed (:mod:`narwhal.live.gate`), 413 body too large or holding too many JSON
-values, 400 malformed JSON or a request the core's parser refuses).
+it or its inference handler (:mod:`narwhal.live.inference`) chooses are for requests the core
+never sees (401 bad key, 415 a body not sent as JSON and 421 a Host not allowed
+(:mod:`narwhal.live.gate`), 413 body too large or holding too many JSON values, 400 malformed
+JSON or a request the core's parser refuses).
 
 Theory of operation: :meth:`Router.running` (entered by the server, :mod:`narwhal.live.serving`,
 around everything it serves, and left after its shutdown) opens the engine transport and a task
 group; the task group is the core's ``spawn`` port (probes, health checks, load scrapes) and
 runs the maintenance loop and the load scrape loop (:mod:`narwhal.core.loadscrape`, idle unless
 a phase is placed by ``least_loaded``), and, for a router given its configuration file, the
-reload loop (:mod:`narwhal.live.reload`). Each inference request first takes an admission slot
-(``Policies.admission``; refused: the core's 503 with Retry-After,
-:func:`narwhal.core.entry.refuse`), held until it ends, then reads and parses its body once
-within ``[admission]``'s bounds, and runs the core's lifecycle in a scope that the connection's
-end cancels (:class:`narwhal.live.sink.CancelledOnDisconnect`): a client disconnect cancels the
-lifecycle, whose ``finally`` releases every reservation and abandoned handoff. Requests are
-routed by a dict of path and method (:meth:`Router.handle`); an unknown path is a 404 and a
+reload loop (:mod:`narwhal.live.reload`). The inference routes are served by
+:class:`narwhal.live.inference.Inference` (admission, the body, the core's lifecycle). Requests
+are routed by a dict of path and method (:meth:`Router.handle`); an unknown path is a 404 and a
 wrong method a 405, both OpenAI error objects, and no path is ever redirected (a redirect built
 from the request would echo its Host header). Every finished request yields one
 :class:`~narwhal.core.records.RequestRecord` (through ``Policies(on_record=...)``), which feeds
@@ -43,9 +40,7 @@ import anyio
 
 from narwhal.core import wire
 from narwhal.core.config import NarwhalConfig
-from narwhal.core.entry import refuse
-from narwhal.core.jsonparse import TooManyValues, parse_bounded_json, parse_json
-from narwhal.core.lifecycle import serve_request
+from narwhal.core.jsonparse import parse_json
 from narwhal.core.loadscrape import load_scrape_loop
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports, Reply
@@ -54,20 +49,17 @@ from narwhal.core.records import DecisionLog
 from narwhal.core.requests import (
     CHAT,
     COMPLETIONS,
-    BadRequest,
-    ClientRequest,
-    parse_client_request,
 )
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock
-from narwhal.live.gate import HostGate, json_refusal
+from narwhal.live.gate import HostGate
 from narwhal.live.h1request import EdgeRequest, Response
 from narwhal.live.h1server import Handler
+from narwhal.live.inference import Inference
 from narwhal.live.lag import LagMonitor
 from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.reload import DEFAULT_POLL_S, ConfigReloader
-from narwhal.live.reporting import SHUTDOWN_MESSAGE, ModelLabels, RequestReporter, ServedRequest
-from narwhal.live.sink import CancelledOnDisconnect, ResponseSink
+from narwhal.live.reporting import ModelLabels, RequestReporter
 from narwhal.live.tracing import start_tracing
 from narwhal.live.transport import EngineTransport
 
@@ -139,7 +131,7 @@ class Router:
         self._announce = announce
         self._stopping = False
         self._ports: Ports | None = None
-        inference = _Inference(self, COMPLETIONS), _Inference(self, CHAT)
+        inference = Inference(self, COMPLETIONS), Inference(self, CHAT)
         # path -> method -> handler (HEAD is answered by GET's handler, without a body)
         self.routes: dict[str, dict[str, Handler]] = {
             COMPLETIONS: {"POST": inference[0]},
@@ -357,143 +349,3 @@ def _route_error(
     """An unknown path (404) or a wrong method (405), in OpenAI's error shape."""
     body = wire.error_object(status, f"{what}: {request.method} {request.path}", kind)
     return json_response(body, status, headers)
-
-
-SHUTDOWN_WRITE_S = 1.0  # the most a request cut short by shutdown waits to tell its client
-
-
-async def _answer_shutdown(sink: ResponseSink) -> None:
-    """End a request cut short by shutdown: 503 before the commit, a terminal event after."""
-    if sink.gone or sink.finished or sink.cut:
-        return
-    error = wire.error_object(503, SHUTDOWN_MESSAGE, "service_unavailable")
-    log.warning("request cut short by the shutdown grace period")
-    with contextlib.suppress(Exception):
-        if not sink.started:
-            await sink.respond(503, error, {"retry-after": "1"})
-            return
-        await sink.finish(wire.sse_event(wire.to_json(error)))
-
-
-class _Inference:
-    """The handler of one OpenAI route: body limits, parsing, then the core lifecycle."""
-
-    def __init__(self, router: Router, endpoint: str) -> None:
-        self.router = router
-        self.endpoint = endpoint
-
-    async def __call__(self, request: EdgeRequest) -> Response | None:
-        router = self.router
-        arrival = router.clock.now()
-        headers = request.headers
-        request_id = router.request_id_for(headers)
-        if not router.authorized(headers):
-            return router.unauthorized()
-        sink = ResponseSink(
-            request, {"x-request-id": request_id}, clock=router.clock, stalls=router.stalls
-        )
-        not_json = json_refusal(headers)  # a web page's "simple" cross-origin POST (gate.py)
-        if not_json is not None:
-            await sink.respond(415, not_json, {})
-            sink.done()
-            return None
-        admission = router.policies.admission
-        if not admission.try_admit(arrival, request_id):  # before the body is read
-            await refuse(request_id, arrival, router.ports, router.policies, sink)
-            sink.done()
-            return None
-        served = router.reporter.begin(request_id, self.endpoint, headers, sink)
-        try:
-            parsed = await self._read_request(request, sink, request_id, arrival)
-            if parsed is not None:
-                await self._serve(parsed, request, sink, served)
-        finally:
-            admission.release()
-            router.reporter.end(served)
-        sink.done()
-        return None
-
-    async def _read_request(
-        self, request: EdgeRequest, sink: ResponseSink, request_id: str, arrival: float
-    ) -> ClientRequest | None:
-        """The client's request, or None once it has been answered (413, 400) or left.
-
-        The body is parsed once and handed to the core as it is (no copy); the raw bytes and
-        the parsed top level are dropped when this returns."""
-        raw = await self._read_body(request, sink)
-        if raw is None:
-            return None
-        admission = self.router.config.admission
-        try:
-            body = parse_bounded_json(raw, admission.max_json_values)
-        except TooManyValues as error:
-            message = f"{error} (admission.max_json_values)"
-            await sink.respond(413, wire.error_object(413, message, "invalid_request_error"), {})
-            return None
-        except ValueError as error:
-            await sink.respond(
-                400,
-                wire.error_object(400, f"malformed JSON body: {error}", "invalid_request_error"),
-                {},
-            )
-            return None
-        try:
-            return parse_client_request(
-                self.endpoint, body, request_id=request_id, arrival=arrival, detach=False
-            )
-        except BadRequest as error:
-            await sink.respond(400, wire.error_object(400, str(error), "invalid_request_error"), {})
-            return None
-
-    async def _serve(
-        self,
-        parsed: ClientRequest,
-        request: EdgeRequest,
-        sink: ResponseSink,
-        served: ServedRequest,
-    ) -> None:
-        router = self.router
-        served.set_model(router.reporter.models, parsed.body.get("model"))
-
-        try:
-            async with CancelledOnDisconnect(request.closed, sink):
-                await serve_request(parsed, router.ports, router.policies, sink)
-                await sink.finish()
-        except anyio.get_cancelled_exc_class():
-            # The server cancels what is still running when its shutdown grace period ends:
-            # the client gets a clear end (a 503, or one terminal SSE event after the 200)
-            # instead of a cut connection. The core has already released everything; its
-            # record of a cancelled request is reported as what this answer is.
-            answering, committed = not (sink.gone or sink.finished or sink.cut), sink.started
-            with anyio.move_on_after(SHUTDOWN_WRITE_S, shield=True):  # a client not reading
-                await _answer_shutdown(sink)
-            if answering:
-                router.reporter.shut_down(served, committed)
-
-    async def _read_body(self, request: EdgeRequest, sink: ResponseSink) -> bytes | None:
-        """The whole body within ``admission.max_body_bytes``, or None once answered or gone.
-        (The first read answers ``expect: 100-continue``: a body declared too large is refused
-        before the client sends it.)"""
-        limit = self.router.config.admission.max_body_bytes
-        too_large = wire.error_object(
-            413,
-            f"request body larger than {limit} bytes (admission.max_body_bytes)",
-            "invalid_request_error",
-        )
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            await sink.respond(413, too_large, {})
-            return None
-        parts: list[bytes] = []
-        size = 0
-        try:
-            while chunk := await request.readany():
-                size += len(chunk)
-                if size > limit:
-                    await sink.respond(413, too_large, {})
-                    return None
-                parts.append(chunk)
-        except OSError:  # the connection was lost (or cut by client.body_timeout_s)
-            sink.gone = True
-            return None
-        return b"".join(parts)
