@@ -6,12 +6,18 @@ Usage::
     .venv/bin/python benchmarks/router_cpu.py          # narwhal, vllm-router, aiohttp-relay
     .venv/bin/python benchmarks/router_cpu.py --perf   # and perf's split of Narwhal's samples
     .venv/bin/python benchmarks/router_cpu.py --only narwhal narwhal-compiled vllm-router --rounds 5
+    .venv/bin/python benchmarks/router_cpu.py --only narwhal narwhal-compiled vllm-router \
+        --rounds 5 --rate 150
 
 The fleet, the routers and the load client are ``benchmarks/routers.py``'s (one producer, one
 consumer, every timing at 0; 16 closed-loop streamed completions of one token), ``--rounds``
 rounds per router (2 unless given), alternated. Each round reads the router process's user and
 system CPU (every thread) from ``/proc`` when the measured window opens and ends; the summary
-gives each router's median and its ratio to vllm-router round by round. ``--perf`` records the
+gives each router's median and its ratio to vllm-router round by round. ``--rate R`` sends
+every router the same open-loop load instead, R requests a second for 4 s: a router's CPU per
+request falls as its request rate rises (more work per wake-up), and closed-loop rounds give
+each router the rate the shared engines allow it at that moment, so equal rates compare the
+routers at equal work. ``--perf`` records the
 router with ``perf record -F 1999 -g`` during its second round and prints ``perf report``'s share
 of samples by shared object (``libpython`` is Python bytecode being run, ``loop.cpython`` uvloop,
 ``[kernel.kallsyms]`` the system calls).
@@ -25,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +62,12 @@ def perf_split(recording: Path) -> str:
 
 
 def measure(
-    loadgen: routers.LoadGen, name: str, url: str, pid: int, recording: Path | None
+    loadgen: routers.LoadGen,
+    name: str,
+    url: str,
+    pid: int,
+    recording: Path | None,
+    rate: float | None = None,
 ) -> tuple[int, float, float]:
     """One round: requests served, and the router's user and system CPU seconds meanwhile
     (recorded by perf into ``recording`` when one is given)."""
@@ -76,21 +88,24 @@ def measure(
             marks["perf"].send_signal(2)
             marks["perf"].wait(30)
 
+    target = {"kind": "router", "url": url, "name": name}
+    if rate is None:
+        load = {"cmd": "throughput", "concurrency": 16, "warmup": 1.0}
+    else:  # open loop: requests sent at ``rate`` per second whatever the answers' pace
+        load = {"cmd": "faults", "rate": rate}
     result = loadgen.run(
-        {
-            "cmd": "throughput",
-            "target": {"kind": "router", "url": url, "name": name},
-            "concurrency": 16,
-            "max_tokens": 1,
-            "bound": 30.0,
-            "warmup": 1.0,
-            "duration": 4.0,
-        },
+        {**load, "target": target, "max_tokens": 1, "bound": 30.0, "duration": 4.0},
         on_start=opened,
         on_end=closed,
     )
     (user0, sys0), (user1, sys1) = marks["start"], marks["end"]
-    return sum(result["outcomes"].values()), user1 - user0, sys1 - sys0
+    if rate is None:
+        return sum(result["outcomes"].values()), user1 - user0, sys1 - sys0
+    served = sum(record["outcome"] == "ok" for record in result["records"])
+    if served < len(result["records"]):
+        outcomes = Counter(record["outcome"] for record in result["records"])
+        raise SystemExit(f"{name} at {rate}/s: {dict(outcomes)}")
+    return served, user1 - user0, sys1 - sys0
 
 
 def main() -> None:
@@ -99,6 +114,9 @@ def main() -> None:
     parser.add_argument("--perf", action="store_true", help="perf's split of Narwhal's samples")
     parser.add_argument("--no-pin", action="store_true", help="no core of its own for the router")
     parser.add_argument("--rounds", type=int, default=2, help="alternated rounds per router")
+    parser.add_argument(
+        "--rate", type=float, help="open loop: this many requests per second to every router"
+    )
     args = parser.parse_args()
     print(routers.cores.pin(not args.no_pin), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-router-cpu-"))
@@ -118,7 +136,7 @@ def main() -> None:
                 profile = args.perf and round_index == 1 and name == "narwhal"
                 recording = workdir / f"{name}.perf" if profile else None
                 served, user, system = measure(
-                    loadgen, name, spec.url, stack.procs[name].pid, recording
+                    loadgen, name, spec.url, stack.procs[name].pid, recording, args.rate
                 )
                 print(
                     f"{name:>14} round {round_index + 1}: {served} requests, per request "
