@@ -190,7 +190,7 @@ class _StallCollector:
 
 class _Histogram:
     """One histogram series as plain numbers: observations by bucket (the last is ``+Inf``)
-    and their sum. Exported by :class:`_RequestCollector` as Prometheus exports its own."""
+    and their sum. Exported by :class:`_RequestCounts` as prometheus_client exports its own."""
 
     __slots__ = ("bounds", "counts", "total")
 
