@@ -7,7 +7,7 @@ Usage::
     .venv/bin/python benchmarks/router_cpu.py --perf   # and perf's split of Narwhal's samples
     .venv/bin/python benchmarks/router_cpu.py --only narwhal narwhal-compiled vllm-router --rounds 5
     .venv/bin/python benchmarks/router_cpu.py --only narwhal narwhal-compiled vllm-router \
-        --rounds 5 --rate 150
+        --rounds 5 --rate 120
 
 The fleet, the routers and the load client are ``benchmarks/routers.py``'s (one producer, one
 consumer, every timing at 0; 16 closed-loop streamed completions of one token), ``--rounds``
@@ -17,10 +17,11 @@ gives each router's median and its ratio to vllm-router round by round. ``--rate
 every router the same open-loop load instead, R requests a second for 4 s: a router's CPU per
 request falls as its request rate rises (more work per wake-up), and closed-loop rounds give
 each router the rate the shared engines allow it at that moment, so equal rates compare the
-routers at equal work. ``--perf`` records the
-router with ``perf record -F 1999 -g`` during its second round and prints ``perf report``'s share
-of samples by shared object (``libpython`` is Python bytecode being run, ``loop.cpython`` uvloop,
-``[kernel.kallsyms]`` the system calls).
+routers at equal work (a rate the engines cannot keep up with ends the run: Narwhal's
+first-token timeouts fail requests there). ``--perf`` records the router with ``perf record -F
+1999 -g`` during its second round and prints ``perf report``'s share of samples by shared
+object (``libpython`` is Python bytecode being run, ``loop.cpython`` uvloop, ``[kernel.kallsyms]``
+the system calls).
 """
 
 from __future__ import annotations
