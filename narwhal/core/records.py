@@ -18,14 +18,39 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 
-@dataclass(frozen=True, slots=True)
 class Decision:
-    """One policy decision: a placement, an ejection, a readmission, a client status..."""
+    """One policy decision: a placement, an ejection, a readmission, a client status...
 
-    t: float
-    kind: str  # place | eject | readmit | probe | quarantine | retry | status | stale
-    engine: str | None = None
-    detail: tuple[tuple[str, Any], ...] = ()
+    Immutable (``Final``), equal and hashed by its four values. A plain class rather than a
+    frozen dataclass: the compiled build makes it a native class (a frozen dataclass's
+    ``__init__`` stays interpreted there), and every request makes several."""
+
+    __slots__ = ("detail", "engine", "kind", "t")
+
+    def __init__(
+        self,
+        t: float,
+        kind: str,  # place | eject | readmit | probe | quarantine | retry | status | stale
+        engine: str | None = None,
+        detail: tuple[tuple[str, Any], ...] = (),
+    ) -> None:
+        self.t: Final = t
+        self.kind: Final = kind
+        self.engine: Final = engine
+        self.detail: Final = detail
+
+    def _values(self) -> tuple[float, str, str | None, tuple[tuple[str, Any], ...]]:
+        return (self.t, self.kind, self.engine, self.detail)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Decision) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        t, kind, engine, detail = self._values()
+        return f"Decision(t={t!r}, kind={kind!r}, engine={engine!r}, detail={detail!r})"
 
     def as_dict(self) -> dict[str, Any]:
         return {"t": self.t, "kind": self.kind, "engine": self.engine, **dict(self.detail)}

@@ -59,7 +59,7 @@ from narwhal.live.inference import Inference
 from narwhal.live.lag import LagMonitor
 from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.reload import DEFAULT_POLL_S, ConfigReloader
-from narwhal.live.reporting import ModelLabels, RequestReporter
+from narwhal.live.reporting import ModelLabels, RequestLog, RequestReporter
 from narwhal.live.tracing import start_tracing
 from narwhal.live.transport import EngineTransport
 
@@ -97,6 +97,7 @@ class Router:
         reload_poll_s: float = DEFAULT_POLL_S,
         reload_on_sighup: bool = False,
         tracer_provider: Any = None,
+        request_log: RequestLog | None = None,
     ) -> None:
         self.clock = AnyioClock()
         self.stalls = StallLedger()  # the event loop's stalls: they extend every deadline
@@ -104,7 +105,9 @@ class Router:
         # tracing off: None, and nothing below is wrapped (tracer_provider: tests, embedders)
         self.tracing = start_tracing(config.tracing, tracer_provider)
         pinned = config.engine_contract.model if config.engine_contract else None
-        self.reporter = RequestReporter(self.metrics, self.clock, ModelLabels(pinned), self.tracing)
+        self.reporter = RequestReporter(
+            self.metrics, self.clock, ModelLabels(pinned), self.tracing, request_log
+        )
         metrics_hook = self.metrics.on_decision
         on_decision = metrics_hook if self.tracing is None else self.tracing.observing(metrics_hook)
         decisions = DecisionLog(on_decision=on_decision, keep=DECISIONS_KEPT)

@@ -109,7 +109,7 @@ def _load(path: str) -> Any:
 
 def serve_command(args: argparse.Namespace) -> int:
     from narwhal.live.app import Router
-    from narwhal.live.reporting import log_requests_to_stdout
+    from narwhal.live.reporting import StdoutRequestLog
     from narwhal.live.serving import make_router_server
     from narwhal.serving import bind, port_of
 
@@ -138,7 +138,6 @@ def serve_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"narwhal serve: --log-level: {error}", file=sys.stderr)
         return 2
-    log_requests_to_stdout()
     try:
         sock = bind(args.host, args.port)
     except OSError as error:
@@ -159,6 +158,7 @@ def serve_command(args: argparse.Namespace) -> int:
         config_path=args.config,
         reload_poll_s=args.reload_poll_s,
         reload_on_sighup=True,
+        request_log=StdoutRequestLog(),
     )
     server = make_router_server(router, client=config.client, graceful_s=args.graceful_s)
     server.run([sock])

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar, Token
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic_core import to_json
 
@@ -41,25 +41,35 @@ UNKNOWN_MODEL = "unknown"  # the body was never read (refused at admission)
 OTHER_MODEL = "other"  # a model string outside the known set
 MAX_MODEL_LABELS = 32
 
-request_log = logging.getLogger("narwhal.requests")
+log = logging.getLogger("narwhal.live")
+
+RequestLog = Callable[[bytes], None]
+"""Where the request log's lines go: called with each line (a JSON object and ``\\n``)."""
 
 
-def log_requests_to_stdout() -> None:
-    """The JSON request log, one line per request, on stdout and nowhere else (``narwhal
-    serve``, each of its workers alike): one write per line, so lines of several processes
-    never interleave within a line; people read stderr."""
-    # No record of the router's shows a thread or process name or the line that logged it
-    # (neither this format nor stderr's default names them), and gathering them is half of
-    # what a record costs: the logging HOWTO's "Optimization" switches.
-    logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
-    logging._srcfile = None
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    request_log.addHandler(handler)
-    request_log.setLevel(logging.INFO)
-    request_log.propagate = False
+class StdoutRequestLog:
+    """The JSON request log on stdout (``narwhal serve``, each of its workers alike).
+
+    Each line is one write, so lines of several processes never interleave within a line;
+    people read stderr. The lines are a data stream, not diagnostics: they bypass ``logging``,
+    whose records, levels and handlers cost several times the line itself. A write that fails
+    (stdout closed, a reader gone) is reported once on stderr and ends the log; serving goes
+    on.
+    """
+
+    def __init__(self, stream: BinaryIO | None = None) -> None:
+        self.stream = sys.stdout.buffer if stream is None else stream
+        self.failed = False
+
+    def __call__(self, line: bytes) -> None:
+        if self.failed:
+            return
+        try:
+            self.stream.write(line)
+            self.stream.flush()
+        except (OSError, ValueError) as error:  # ValueError: the stream was closed
+            self.failed = True
+            log.error("the request log's stdout failed (%s): no more request lines", error)
 
 
 class ModelLabels:
@@ -148,8 +158,10 @@ class RequestReporter:
         clock: AnyioClock,
         models: ModelLabels,
         tracing: RouterTracing | None,
+        request_log: RequestLog | None = None,
     ) -> None:
         self.metrics = metrics
+        self.request_log = request_log
         self.clock = clock
         self.models = models
         self.tracing = tracing
@@ -202,8 +214,8 @@ class RequestReporter:
     def report(self, record: RequestRecord, served: ServedRequest | None) -> None:
         model = served.model if served is not None else UNKNOWN_MODEL
         self.metrics.on_record(record, model)
-        if request_log.isEnabledFor(logging.INFO):
-            self._log_line(record, model)
+        if self.request_log is not None:
+            self.request_log(self._log_line(record, model))
         if served is not None and served.trace is not None:
             trace, served.trace = served.trace, None
             attributes = {"http.route": served.endpoint, "narwhal.model": model}
@@ -211,8 +223,8 @@ class RequestReporter:
                 attributes["gen_ai.request.model"] = served.requested_model
             trace.finish(record, attributes)
 
-    def _log_line(self, record: RequestRecord, model: str) -> None:
-        """The request's one JSON log line (built only when ``narwhal.requests`` logs INFO)."""
+    def _log_line(self, record: RequestRecord, model: str) -> bytes:
+        """The request's one JSON log line."""
         line = {
             "event": "request",
             "request_id": record.request_id,
@@ -230,4 +242,4 @@ class RequestReporter:
             "prompt_tokens": record.prompt_tokens,
             "error": record.error,
         }
-        request_log.info(to_json(line).decode())  # compact, by pydantic's Rust serializer
+        return b"".join((to_json(line), b"\n"))  # compact, by pydantic's Rust serializer

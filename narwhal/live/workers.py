@@ -75,10 +75,9 @@ def serve_worker(
     from prometheus_client import Gauge
 
     from narwhal.live.app import Router
-    from narwhal.live.reporting import log_requests_to_stdout
+    from narwhal.live.reporting import StdoutRequestLog
     from narwhal.live.serving import make_router_server
 
-    log_requests_to_stdout()
     router = Router(
         config,
         seed=replica_seed(args.seed, index),
@@ -87,6 +86,7 @@ def serve_worker(
         config_path=args.config,
         reload_poll_s=args.reload_poll_s,
         reload_on_sighup=True,
+        request_log=StdoutRequestLog(),
     )
     Gauge(
         "narwhal_worker",

@@ -1,5 +1,6 @@
-"""The decision log: in order, sorted details, nothing kept when disabled, an observer called on
-each decision, and a bounded memory; request records equal by what they say."""
+"""The decision log: decisions equal by their values, kept in order with sorted details,
+nothing kept when disabled, an observer called on each decision, and a bounded memory; request
+records equal by what they say."""
 
 from __future__ import annotations
 
@@ -21,6 +22,24 @@ def test_decisions_are_kept_in_order_with_sorted_details() -> None:
         "phase": "decode",
         "request": "r1",
     }
+
+
+def test_decisions_are_equal_and_hashed_by_all_four_values() -> None:
+    one = Decision(1.0, "place", "http://e", (("phase", "decode"),))
+    assert one == Decision(1.0, "place", "http://e", (("phase", "decode"),))
+    assert hash(one) == hash(Decision(1.0, "place", "http://e", (("phase", "decode"),)))
+    others = [
+        Decision(2.0, "place", "http://e", (("phase", "decode"),)),
+        Decision(1.0, "eject", "http://e", (("phase", "decode"),)),
+        Decision(1.0, "place", None, (("phase", "decode"),)),
+        Decision(1.0, "place", "http://e", (("phase", "prefill"),)),
+    ]
+    assert all(one != other for other in others)
+    assert len({one, *others}) == 5
+    assert one != (1.0, "place", "http://e", (("phase", "decode"),))
+    assert repr(one) == (
+        "Decision(t=1.0, kind='place', engine='http://e', detail=(('phase', 'decode'),))"
+    )
 
 
 def test_a_disabled_log_keeps_and_reports_nothing() -> None:

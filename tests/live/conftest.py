@@ -5,10 +5,11 @@ Every server is started through a fixture that stops it at teardown, so nothing 
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -63,6 +64,12 @@ class RouterHandle:
     router: Router
     server: BackgroundServer
     url: str
+    request_lines: list[bytes] = field(default_factory=list)  # the request log, as written
+
+    def logged_requests(self) -> list[dict[str, Any]]:
+        """The request log's lines so far, each one JSON object ending in a newline."""
+        assert all(line.endswith(b"\n") and line.count(b"\n") == 1 for line in self.request_lines)
+        return [json.loads(line) for line in self.request_lines]
 
     def client(self, **kwargs: Any) -> openai.OpenAI:
         kwargs.setdefault("api_key", "unused")
@@ -189,12 +196,14 @@ def start_router(
     data["admission"] = dict(admission or {})
     if max_body_bytes is not None:
         data["admission"]["max_body_bytes"] = max_body_bytes
+    lines: list[bytes] = []
     app = Router(
         parse_config(data),
         seed=seed,
         api_key=api_key,
         tick_s=0.02,
         announce=announce,
+        request_log=lines.append,
     )
     sock = bind("127.0.0.1", 0)
     if send_buffer is not None:  # accepted connections inherit it
@@ -202,7 +211,7 @@ def start_router(
     # as `narwhal serve` runs it
     server = make_router_server(app, client=app.config.client, graceful_s=0.2)
     background = servers.start(BackgroundServer(server, [sock]))
-    return RouterHandle(app, background, f"http://127.0.0.1:{port_of(sock)}")
+    return RouterHandle(app, background, f"http://127.0.0.1:{port_of(sock)}", lines)
 
 
 @pytest.fixture

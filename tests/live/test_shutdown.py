@@ -4,14 +4,12 @@ end — a 503 before the commit, one terminal SSE error event after it — not a
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
-import pytest
 
 from narwhal.live.reporting import SHUTDOWN_MESSAGE
 from tests.live.conftest import Emulator, RouterHandle
@@ -52,16 +50,10 @@ def pair_with(
     return router(engines, engine=SLOW)
 
 
-def logged_requests(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
-    return [json.loads(r.getMessage()) for r in caplog.records if r.name == "narwhal.requests"]
-
-
 def test_a_committed_stream_gets_a_terminal_event_when_the_grace_period_ends(
     emulator: Callable[..., Emulator],
     router: Callable[..., RouterHandle],
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="narwhal.requests")
     handle = pair_with(emulator, router, {"kind": "stall", "after_tokens": 1})
     got: dict[str, Any] = {}
     body = {"prompt": "hi", "max_tokens": 8, "stream": True}
@@ -78,7 +70,7 @@ def test_a_committed_stream_gets_a_terminal_event_when_the_grace_period_ends(
         "code": 503,
     }
     # logged and counted as what the client got, not as a client disconnect
-    (line,) = logged_requests(caplog)
+    (line,) = handle.logged_requests()
     assert (line["outcome"], line["status"], line["committed"]) == ("shutdown", 503, True)
     assert line["error"] == SHUTDOWN_MESSAGE
 
@@ -86,9 +78,7 @@ def test_a_committed_stream_gets_a_terminal_event_when_the_grace_period_ends(
 def test_a_request_before_its_commit_gets_a_503(
     emulator: Callable[..., Emulator],
     router: Callable[..., RouterHandle],
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="narwhal.requests")
     handle = pair_with(emulator, router, {"kind": "hang_first_token"})
     got: dict[str, Any] = {}
     thread = in_background(handle.url + "/v1/completions", {"prompt": "hi", "stream": True}, got)
@@ -97,7 +87,7 @@ def test_a_request_before_its_commit_gets_a_503(
     thread.join(10)
     assert got["status"] == 503
     assert json.loads(got["body"])["error"]["message"] == SHUTDOWN_MESSAGE
-    (line,) = logged_requests(caplog)
+    (line,) = handle.logged_requests()
     assert (line["outcome"], line["status"], line["committed"]) == ("shutdown", 503, False)
     metrics = handle.router.metrics.render().decode()
     assert 'narwhal_requests_total{model="other",outcome="shutdown",status="503"} 1.0' in metrics
