@@ -317,17 +317,26 @@ class H1Pool:
     def idle(self) -> list[H1Connection]:
         return [conn for stack in self._idle.values() for conn in stack]
 
-    async def acquire(self, origin: Origin) -> H1Connection:
-        """A connection to ``origin``: an idle one within its keep-alive, else a new one."""
-        loop = asyncio.get_running_loop()
-        while True:
-            stack = self._idle.get(origin)
-            now = loop.time()
+    def take_idle(self, origin: Origin) -> H1Connection | None:
+        """An idle connection to ``origin`` within its keep-alive, if there is one (no wait)."""
+        stack = self._idle.get(origin)
+        if stack:
+            now = asyncio.get_running_loop().time()
             while stack:
                 conn = stack.pop()
                 if not conn.closed and now - conn.idle_since <= self.keepalive_s:
                     return conn
                 conn.close()
+        return None
+
+    async def acquire(self, origin: Origin) -> H1Connection:
+        """A connection to ``origin``: an idle one within its keep-alive, else a new one (once
+        there is room for it)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            idle = self.take_idle(origin)
+            if idle is not None:
+                return idle
             if self._closed:
                 raise ConnectionLost("the engine connection pool is closed")
             if self.open < self.limit:

@@ -11,12 +11,15 @@ on a pooled connection. Nothing is sent that asks for an encoded response (no
 cookie kept. A deadline is an absolute time on the clock, kept on the time the router's event
 loop was running (:mod:`narwhal.live.waits`: the router's own stalls, measured by its lag
 monitor, push a pending deadline back, so a reply that arrived during a stall is read before the
-deadline is judged). :meth:`call` and :meth:`open_stream` run under
-:func:`~narwhal.live.waits.deadline_at` (expiry becomes ``TimedOut()``). :meth:`next_chunk` runs
-once per streamed chunk, so each stream has one :class:`~narwhal.live.waits.ReadDeadline`: one
-loop timer, re-armed only when the deadline moves earlier, that ends a read outlasting its
-deadline by setting an exception on the stream's connection (no task is cancelled; another
-cancellation simply propagates). A chunk is whatever the connection holds when the read returns:
+deadline is judged). Every wait on a connection is
+bounded by a :class:`~narwhal.live.waits.ReadDeadline`: one loop timer, re-armed only when the
+deadline moves earlier, that ends a wait outlasting its deadline by setting an exception on the
+connection (no task is cancelled; another cancellation simply propagates; expiry becomes
+``TimedOut()``). A call has one for its response; a stream has one from its open through every
+read (:meth:`next_chunk` runs once per streamed chunk, and its deadline costs a comparison and a
+few assignments). Only waiting for a connection (one to open, or room in the pool) runs under
+:func:`~narwhal.live.waits.deadline_at`, a scope of its own; a kept-alive idle connection is
+taken without a wait. A chunk is whatever the connection holds when the read returns:
 several engine writes that arrived together are one chunk. A failure to connect maps to
 ``ConnectFailed("refused")``; any later socket error, a lost connection or a response llhttp
 cannot parse to ``ConnectFailed("reset")``. A stream whose status is not 200 is read whole (up
@@ -43,7 +46,6 @@ idle connections. Used without ``async with`` (e.g. by ``EngineClient.http``), c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from types import TracebackType
 from typing import Any
 
@@ -182,20 +184,34 @@ class EngineTransport:
         return origin
 
     async def _exchange(
-        self, method: str, url: str, path: str, body: Any, headers: dict[str, str]
+        self,
+        method: str,
+        url: str,
+        path: str,
+        body: Any,
+        headers: dict[str, str],
+        deadline: float,
+        timer: ReadDeadline,
     ) -> H1Connection:
-        """Send one request and wait for its response's head; the connection is the caller's.
-        Raises ``ConnectFailed`` for a connection that could not be opened."""
+        """Send one request and wait for its response's head, both by ``deadline``; the
+        connection is the caller's, with ``timer`` watching it (the caller ends the wait).
+        Raises ``_Refused`` for a connection that could not be opened, ``TimeoutError`` for a
+        deadline passed while waiting for a connection, ``DeadlinePassed`` for one passed
+        once the request was sent."""
         origin = self._origin(url)
         payload = None
         if body is not None:
             headers = {**headers, **JSON_HEADERS}
             payload = encode_json(body)
         data = request_bytes(method, origin, path, headers, payload)
-        try:
-            conn = await self.pool.acquire(origin)
-        except OSError as error:
-            raise _Refused from error
+        conn = self.pool.take_idle(origin)
+        if conn is None:  # a connection to open, or room to wait for: an await of its own
+            async with deadline_at(self._clock, self._stalls, deadline):
+                try:
+                    conn = await self.pool.acquire(origin)
+                except OSError as error:  # (the scope's own TimeoutError is raised past this)
+                    raise _Refused from error
+        timer.wait_begins(deadline, conn)
         try:
             conn.send(data)
             await conn.head()
@@ -222,19 +238,21 @@ class EngineTransport:
         headers: dict[str, str],
         deadline: float,
     ) -> CallResult:
+        timer = ReadDeadline(self._clock, self._stalls)
         try:
-            async with deadline_at(self._clock, self._stalls, deadline):
-                conn = await self._exchange(method, url, path, body, headers)
-                try:
-                    content = await _read_bounded(conn)
-                finally:
-                    self._finish(conn)
-        except TimeoutError:
+            conn = await self._exchange(method, url, path, body, headers, deadline, timer)
+            try:
+                content = await _read_bounded(conn)
+            finally:
+                self._finish(conn)
+        except (TimeoutError, DeadlinePassed):
             return TimedOut()
         except _Refused:
             return ConnectFailed("refused")
         except ENGINE_ERRORS:
             return ConnectFailed("reset")
+        finally:
+            timer.disarm()
         return Reply(conn.status, content)
 
     async def open_stream(
@@ -247,16 +265,16 @@ class EngineTransport:
     ) -> OpenResult:
         stream: H1Stream | None = None
         result: OpenResult = TimedOut()
+        timer = ReadDeadline(self._clock, self._stalls)  # the open's, then the stream's reads'
         try:
-            async with deadline_at(self._clock, self._stalls, deadline):
-                conn = await self._exchange("POST", url, path, body, headers)
-                stream = H1Stream(conn, ReadDeadline(self._clock, self._stalls))
-                self._open.add(stream)
-                if stream.status == 200:
-                    result = StreamOpened(stream, 200)
-                else:
-                    result = StreamOpened(stream, stream.status, await _read_bounded(conn))
-        except TimeoutError:
+            conn = await self._exchange("POST", url, path, body, headers, deadline, timer)
+            stream = H1Stream(conn, timer)
+            self._open.add(stream)
+            if stream.status == 200:
+                result = StreamOpened(stream, 200)
+            else:
+                result = StreamOpened(stream, stream.status, await _read_bounded(conn))
+        except (TimeoutError, DeadlinePassed):
             result = TimedOut()
         except _Refused:
             result = ConnectFailed("refused")
@@ -266,9 +284,12 @@ class EngineTransport:
             # Only a 200 stream is the caller's to close. Anything else is closed here, even
             # when the request is cancelled mid-way (the client left while an error body was
             # being read): its connection would otherwise stay open until shutdown.
-            handed_over = isinstance(result, StreamOpened) and result.status == 200
-            if stream is not None and not handed_over:
-                self.close_stream(stream)
+            if isinstance(result, StreamOpened) and result.status == 200:
+                timer.waiter = None  # the open's wait ended; the stream's reads begin their own
+            elif stream is not None:
+                self.close_stream(stream)  # (which disarms the timer)
+            else:
+                timer.disarm()
         return result
 
     async def next_chunk(self, handle: Any, deadline: float) -> ChunkResult:
@@ -345,16 +366,11 @@ class EngineTransport:
         task.add_done_callback(self._releases.discard)
 
     async def _release(self, producer_url: str, descriptor: dict[str, Any]) -> None:
-        with contextlib.suppress(TimeoutError, _Refused, *ENGINE_ERRORS):
-            async with asyncio.timeout(BACKGROUND_TIMEOUT_S):
-                body = {"kv_transfer_params": descriptor}
-                conn = await self._exchange("POST", producer_url, RELEASE_PATH, body, {})
-                try:
-                    await _read_bounded(conn)
-                finally:
-                    self._finish(conn)
-                if conn.status in (404, 405):
-                    self._no_release.add(producer_url)
+        body = {"kv_transfer_params": descriptor}
+        deadline = self._clock.now() + BACKGROUND_TIMEOUT_S
+        reply = await self.call(producer_url, "POST", RELEASE_PATH, body, {}, deadline)
+        if isinstance(reply, Reply) and reply.status in (404, 405):
+            self._no_release.add(producer_url)
 
 
 class _Refused(Exception):

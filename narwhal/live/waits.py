@@ -22,10 +22,12 @@ four assignments.
 
 The ways to end a wait:
 
-- :class:`ReadDeadline` ends a read of an engine's body by setting :class:`DeadlinePassed` on its
-  connection (:class:`narwhal.live.h1client.H1Connection`): the read raises it, and no task is
-  cancelled (a stream whose read timed out is over, so poisoning its connection loses nothing).
-- :func:`deadline_at` is the same rule for a one-off wait (a call, an open): an
+- :class:`ReadDeadline` ends a wait for an engine's response (its head, its body, a stream's
+  next chunk) by setting :class:`DeadlinePassed` on its connection
+  (:class:`narwhal.live.h1client.H1Connection`): the wait raises it, and no task is cancelled
+  (a call or stream whose wait timed out is over, so poisoning its connection loses nothing).
+- :func:`deadline_at` is the same rule for a wait not on a connection (for one to open, or for
+  room in the pool): an
   ``asyncio.timeout`` with no deadline of its own that the timer expires, so the block raises
   ``TimeoutError`` and asyncio tells its cancellation apart from anyone else's (without a
   ledger, a plain ``asyncio.timeout`` for the deadline).
@@ -121,7 +123,7 @@ class Readable(Protocol):
 
 
 class ReadDeadline(Deadline[Readable]):
-    """Ends a read of an engine's body: the read raises :class:`DeadlinePassed`."""
+    """Ends a wait on an engine's connection: the wait raises :class:`DeadlinePassed`."""
 
     __slots__ = ()
 
@@ -131,8 +133,7 @@ class ReadDeadline(Deadline[Readable]):
 
 class _TimeoutDeadline(Deadline[asyncio.Timeout]):
     """:func:`deadline_at` with a ledger: an ``asyncio.timeout`` with no deadline of its own,
-    which this timer expires. A class, not a generator-based context manager: every engine
-    call and every stream open enters one."""
+    which this timer expires."""
 
     __slots__ = ("at", "timeout")
 

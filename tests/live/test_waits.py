@@ -120,5 +120,5 @@ def test_a_wait_with_no_answer_ends_at_its_deadline_plus_the_stall(
     # without the ledger the deadline is exact: it came due during the stall, so the wait
     # ends as soon as the stall does
     got, took = run_through_a_stall(hung.url, prefill_call, None)
-    assert isinstance(got, TimedOut)
+    assert isinstance(got, TimedOut), (got, took)
     assert STALL_S <= took < STALL_S + 0.2
