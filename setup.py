@@ -56,6 +56,7 @@ COMPILED = [
     "narwhal/live/h1client.py",
     "narwhal/live/h1request.py",
     "narwhal/live/h1server.py",
+    "narwhal/live/jsonwrite.py",
     "narwhal/live/metrics.py",
     "narwhal/live/reporting.py",
     "narwhal/live/sink.py",

@@ -25,10 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar, Token
 from typing import Any, BinaryIO
 
-from pydantic_core import to_json
-
 from narwhal.core.records import RequestRecord
 from narwhal.live.clock import AnyioClock, to_wall
+from narwhal.live.jsonwrite import json_line
 from narwhal.live.metrics import RouterMetrics
 from narwhal.live.sink import ResponseSink
 from narwhal.live.tracing import RequestTrace, RouterTracing
@@ -242,4 +241,4 @@ class RequestReporter:
             "prompt_tokens": record.prompt_tokens,
             "error": record.error,
         }
-        return b"".join((to_json(line), b"\n"))  # compact, by pydantic's Rust serializer
+        return json_line(line)

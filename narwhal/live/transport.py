@@ -49,8 +49,6 @@ import asyncio
 from types import TracebackType
 from typing import Any
 
-from pydantic_core import to_json
-
 from narwhal.core.legs import MAX_REPLY_BYTES
 from narwhal.core.ports import (
     CallResult,
@@ -68,6 +66,7 @@ from narwhal.core.ports import (
 from narwhal.core.stalls import StallLedger
 from narwhal.live.h1client import H1Connection, H1Pool, Origin, request_bytes
 from narwhal.live.h1errors import EngineProtocolError
+from narwhal.live.jsonwrite import encode_json
 from narwhal.live.waits import DeadlinePassed, ReadDeadline, deadline_at
 
 RELEASE_PATH = "/kv/release"
@@ -86,14 +85,6 @@ ENGINE_ERRORS = (OSError, EngineProtocolError)
 (a lost connection included), a response llhttp cannot parse."""
 
 JSON_HEADERS = {"Content-Type": "application/json"}
-
-
-def encode_json(body: Any) -> bytes:
-    """A JSON request body: compact UTF-8, written by pydantic's Rust serializer (about a fifth
-    of ``json.dumps``'s time on a decode leg's body). Its numbers are finite: a client body and
-    a producer's descriptor are refused where they come in if they hold a NaN or an infinity
-    (``narwhal.core.jsonparse.non_finite_at``), and the router adds none."""
-    return to_json(body)
 
 
 async def _read_bounded(conn: H1Connection) -> bytes:
