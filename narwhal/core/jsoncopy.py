@@ -17,24 +17,22 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def _is_scalar(value: object) -> bool:
-    """Whether ``value`` is a JSON scalar of exactly a built-in type (a subclass, e.g. an enum,
-    is copied like any other object)."""
-    kind = type(value)
-    return kind is int or kind is str or kind is float or kind is bool or value is None
+# The JSON scalars, by exact built-in type (a subclass, e.g. an enum, is copied like any other
+# object). A set lookup of ``type(value)`` rather than a function: a body's every value is tested.
+SCALAR_TYPES: frozenset[type] = frozenset({int, str, float, bool, type(None)})
 
 
 def json_copy(value: T) -> T:
     """A deep copy of a JSON value (dicts, lists, scalars)."""
-    if _is_scalar(value):
-        return value
     kind = type(value)
+    if kind in SCALAR_TYPES:
+        return value
     if kind is dict:
         source: dict[Any, Any] = value  # type: ignore[assignment]
         # a dict's copy shares its scalars; only containers are copied in turn
         copied = source.copy()
         for k, v in source.items():
-            if not _is_scalar(v):
+            if type(v) not in SCALAR_TYPES:
                 copied[k] = json_copy(v)
         return copied  # type: ignore[return-value]
     if kind is list:
@@ -42,9 +40,9 @@ def json_copy(value: T) -> T:
         # A list of scalars (block ids, token ids: ints, tested first without a call) is
         # copied with one slice.
         for item in items:
-            if type(item) is not int and not _is_scalar(item):
+            if type(item) is not int and type(item) not in SCALAR_TYPES:
                 return [  # type: ignore[return-value]
-                    item if _is_scalar(item) else json_copy(item) for item in items
+                    item if type(item) in SCALAR_TYPES else json_copy(item) for item in items
                 ]
         return items[:]  # type: ignore[return-value]
     return copy.deepcopy(value)

@@ -101,10 +101,9 @@ def parse_client_request(
     where = non_finite_at(body)
     if where is not None:  # no engine body can carry one: refused up front
         raise BadRequest(f"'{where}' must be a finite number (JSON has no NaN or Infinity)")
+    clean = {k: v for k, v in body.items() if k != "kv_transfer_params"}
     if detach:
-        clean = {k: json_copy(v) for k, v in body.items() if k != "kv_transfer_params"}
-    else:
-        clean = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+        clean = json_copy(clean)
     return ClientRequest(request_id=request_id, endpoint=endpoint, body=clean, arrival=arrival)
 
 
