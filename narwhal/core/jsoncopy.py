@@ -37,10 +37,9 @@ def json_copy(value: T) -> T:
         return copied  # type: ignore[return-value]
     if kind is list:
         items: list[Any] = value  # type: ignore[assignment]
-        # A list of scalars (block ids, token ids: ints, tested first without a call) is
-        # copied with one slice.
+        # a list of scalars (block ids, token ids) is copied with one slice
         for item in items:
-            if type(item) is not int and type(item) not in SCALAR_TYPES:
+            if type(item) not in SCALAR_TYPES:
                 return [  # type: ignore[return-value]
                     item if type(item) in SCALAR_TYPES else json_copy(item) for item in items
                 ]

@@ -31,7 +31,4 @@ def encode_json(value: Any) -> bytes:
 
 def json_line(value: Any) -> bytes:
     """``value`` as compact UTF-8 JSON and a newline: one line of a JSON-lines log."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
-    except orjson.JSONEncodeError:  # an integer beyond 64 bits (an engine's token count)
-        return b"".join((to_json(value), b"\n"))
+    return b"".join((encode_json(value), b"\n"))
