@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from narwhal.core.jsonparse import parse_json
 
@@ -71,20 +70,47 @@ class EventKind(enum.Enum):
     """Data that is neither ``[DONE]`` nor a JSON object."""
 
 
-@dataclass(frozen=True, slots=True)
 class SseEvent:
     """One dispatched server-sent event, classified.
 
     ``payload`` is the parsed JSON object (``None`` for DONE and MALFORMED); it is shared, not
-    copied, so treat it as read-only. It takes no part in hashing. ``error_status`` and
-    ``error_message`` are read from it, for ERROR events only.
+    copied, so treat it as read-only. ``error_status`` and ``error_message`` are read from it,
+    for ERROR events only. ``encoded`` is what :meth:`wire` returns, when the parser still had
+    the event's bytes (no re-encoding).
+
+    Immutable (``Final``); equal by kind, data and payload, hashed by kind and data. A plain
+    class rather than a frozen dataclass, as :class:`~narwhal.core.records.Decision` is: most
+    streamed reads make one, and a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__`` (and stays interpreted in the compiled build).
     """
 
-    kind: EventKind
-    data: str
-    payload: dict[str, Any] | None = field(default=None, hash=False)
-    encoded: bytes | None = field(default=None, compare=False, repr=False)
-    """What :meth:`wire` returns, when the parser still had the event's bytes (no re-encoding)."""
+    __slots__ = ("data", "encoded", "kind", "payload")
+
+    def __init__(
+        self,
+        kind: EventKind,
+        data: str,
+        payload: dict[str, Any] | None = None,
+        encoded: bytes | None = None,
+    ) -> None:
+        self.kind: Final = kind
+        self.data: Final = data
+        self.payload: Final = payload
+        self.encoded: Final = encoded
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, SseEvent)
+            and self.kind is other.kind
+            and self.data == other.data
+            and self.payload == other.payload
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.data))
+
+    def __repr__(self) -> str:
+        return f"SseEvent(kind={self.kind!r}, data={self.data!r}, payload={self.payload!r})"
 
     @property
     def error_status(self) -> int | None:

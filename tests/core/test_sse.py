@@ -290,12 +290,20 @@ def test_deeply_nested_json_is_malformed_not_a_crash() -> None:
     assert classify('{"a":' * 100_000 + "1" + "}" * 100_000).kind is EventKind.MALFORMED
 
 
-def test_events_are_frozen_and_hashable() -> None:
+def test_events_are_values() -> None:
+    """Equal by kind, data and payload (not by whether the wire bytes were kept), hashed
+    alike; immutability is the type checker's (``Final``), as for every record."""
     event = classify(CHAT_CONTENT)
-    with pytest.raises(AttributeError):
-        event.kind = EventKind.DONE  # type: ignore[misc]
-    assert hash(event) == hash(classify(CHAT_CONTENT))
-    assert event == classify(CHAT_CONTENT)
+    kept = classify(CHAT_CONTENT, f"data: {CHAT_CONTENT}\n\n".encode())
+    assert event == kept and hash(event) == hash(kept) and event.encoded is None
+    assert {event: 1}[kept] == 1
+    assert event != classify(CHAT_ROLE)
+    assert event != SseEvent(EventKind.METADATA, CHAT_CONTENT, event.payload)
+    assert event != SseEvent(EventKind.TOKEN, CHAT_CONTENT, None)
+    assert event != CHAT_CONTENT
+    assert repr(SseEvent(EventKind.DONE, "[DONE]")) == (
+        "SseEvent(kind=<EventKind.DONE: 'done'>, data='[DONE]', payload=None)"
+    )
 
 
 # ---------------------------------------------------------------- parsing
