@@ -39,6 +39,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import routers  # this folder's benchmark harness
 
+NARWHALS = ("narwhal", routers.COMPILED)  # --perf records each build of Narwhal
+
 
 def cpu_times(pid: int) -> tuple[float, float]:
     """User and system CPU seconds of every thread of ``pid``."""
@@ -51,15 +53,17 @@ def cpu_times(pid: int) -> tuple[float, float]:
     return user / routers.CLK_TCK, system / routers.CLK_TCK
 
 
-def perf_split(recording: Path) -> str:
+def perf_split(recording: Path, sort: str = "dso", rows: int = 12) -> str:
+    """``perf report``'s first ``rows`` lines: the share of samples by ``sort`` (perf's keys:
+    ``dso`` the shared object, ``dso,sym`` its functions too)."""
     report = subprocess.run(
-        ["perf", "report", "-i", str(recording), "--no-children", "-g", "none", "--sort", "dso"],
+        ["perf", "report", "-i", str(recording), "--no-children", "-g", "none", "--sort", sort],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    rows = [line for line in report.splitlines() if line.strip() and not line.startswith("#")]
-    return "\n".join(rows[:12])
+    lines = [line for line in report.splitlines() if line.strip() and not line.startswith("#")]
+    return "\n".join(line.rstrip() for line in lines[:rows])
 
 
 def measure(
@@ -134,7 +138,7 @@ def main() -> None:
         totals: dict[str, list[float]] = {name: [] for name in specs}
         for round_index in range(args.rounds):
             for name, spec in specs.items():
-                profile = args.perf and round_index == 1 and name == "narwhal"
+                profile = args.perf and round_index == 1 and name in NARWHALS
                 recording = workdir / f"{name}.perf" if profile else None
                 served, user, system = measure(
                     loadgen, name, spec.url, stack.procs[name].pid, recording, args.rate
@@ -147,6 +151,7 @@ def main() -> None:
                 totals[name].append((user + system) / served)
                 if recording is not None:
                     print(perf_split(recording))
+                    print(perf_split(recording, "dso,sym", 25))
         print(summary(totals))
     finally:
         stack.stop_all()

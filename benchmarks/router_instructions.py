@@ -61,10 +61,15 @@ def stream_completions(url: str, requests: int, tokens: int, timeout: float = 12
                     pass
 
 
-def serve_and_count(argv: list[str], url: str, requests: int, tokens: int, out: Path) -> int:
-    """Instructions of one router process run under callgrind (``argv``, serving at ``url``)
+def serve_and_count(
+    argv: list[str], url: str, requests: int, tokens: int, out: Path, cache_sim: bool
+) -> dict[str, int]:
+    """Callgrind's event totals (``Ir``, the instructions; with ``cache_sim`` also the
+    simulated cache's reads and misses) of one router process (``argv``, serving at ``url``)
     while it served ``requests`` streamed completions, one after another."""
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no"]
+    if cache_sim:
+        cmd.append("--cache-sim=yes")
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     with open(out.with_suffix(".err"), "w") as err:
         proc = subprocess.Popen(cmd + argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
@@ -74,10 +79,12 @@ def serve_and_count(argv: list[str], url: str, requests: int, tokens: int, out: 
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(120)
-    found = re.search(r"^(?:summary|totals): (\d+)", out.read_text(errors="replace"), re.M)
-    if found is None:
-        raise SystemExit(f"no instruction total in {out}")
-    return int(found.group(1))
+    text = out.read_text(errors="replace")
+    events = re.search(r"^events: (.+)$", text, re.M)
+    totals = re.search(r"^(?:summary|totals): ([\d ]+)$", text, re.M)
+    if events is None or totals is None:
+        raise SystemExit(f"no event totals in {out}")
+    return dict(zip(events.group(1).split(), map(int, totals.group(1).split()), strict=True))
 
 
 def router_argv(name: str, fleet: routers.Fleet, workdir: Path) -> tuple[list[str], str]:
@@ -102,11 +109,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--decode-s-per-token", type=float, default=0.0)
+    parser.add_argument(
+        "--cache-sim",
+        action="store_true",
+        help="also simulate the caches: first-level instruction and data misses per request",
+    )
     args = parser.parse_args()
     routers.NARWHAL_BIN["path"] = args.narwhal_bin.absolute()
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-instructions-"))
     stack = routers.Stack(workdir)
-    per_request: dict[str, float] = {}
+    per_request: dict[str, dict[str, float]] = {}
     try:
         fleet = routers.start_fleet(stack, "cg", 1, 1, args.decode_s_per_token)
         for name in args.only:
@@ -114,9 +126,12 @@ def main() -> None:
             for n in (args.base, args.base + args.requests):
                 argv, url = router_argv(name, fleet, workdir)
                 out = workdir / f"{name}-{n}.callgrind"
-                counts.append(serve_and_count(argv, url, n, args.tokens, out))
-                print(f"{name}, {n} requests: {counts[-1]:,} instructions", flush=True)
-            per_request[name] = (counts[1] - counts[0]) / args.requests
+                counts.append(serve_and_count(argv, url, n, args.tokens, out, args.cache_sim))
+                print(f"{name}, {n} requests: {counts[-1]['Ir']:,} instructions", flush=True)
+            per_request[name] = {
+                event: (counts[1][event] - counts[0][event]) / args.requests
+                for event in counts[0]
+            }
     finally:
         stack.stop_all()
     shutil.rmtree(workdir, ignore_errors=True)
@@ -125,7 +140,13 @@ def main() -> None:
         f"(decode {args.decode_s_per_token:g} s per token)"
     )
     for name, count in per_request.items():
-        print(f"{name:>14}: {count / 1e6:.3f} M")
+        line = f"{name:>14}: {count['Ir'] / 1e6:.3f} M"
+        if args.cache_sim:  # I1mr/D1mr/D1mw: first-level misses; ILmr/DLmr/DLmw: last-level
+            first = {event: count[event] / 1e3 for event in ("I1mr", "D1mr", "D1mw", "ILmr")}
+            line += "; misses per request: " + ", ".join(
+                f"{event} {value:.1f} k" for event, value in first.items()
+            )
+        print(line)
 
 
 if __name__ == "__main__":
