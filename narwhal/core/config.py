@@ -104,6 +104,9 @@ class RecoverySettings(_Strict):
     retry_budget_min: Annotated[Count, Field(ge=0)] = 3
     # the background loop ticks at half of it: a floor keeps that from spinning
     probe_interval_s: Annotated[Duration, Field(ge=0.01)] = 5.0
+    # tokens a consumer's probe decodes, all within engine.first_token_timeout_s: a consumer
+    # that goes silent after fewer tokens than this fails its probe and stays ejected
+    probe_decode_tokens: Annotated[Count, Field(ge=1, le=256)] = 8
 
 
 class AdmissionSettings(_Strict):

@@ -106,9 +106,11 @@ async def _decode_leg(
     policies: Policies,
     producer: str | None = None,
 ) -> bool:
-    """A short streamed decode: passes on a generated token followed by [DONE]. With the
-    ``producer`` of ``descriptor``, a handoff the consumer never got is released there."""
-    body = probe_request(policies, 2)
+    """A short streamed decode of ``recovery.probe_decode_tokens`` tokens: passes on a
+    generated token and [DONE] within the leg's bound (a stream that goes silent before its
+    end fails it). With the ``producer`` of ``descriptor``, a handoff the consumer never got is
+    released there."""
+    body = probe_request(policies, policies.config.recovery.probe_decode_tokens)
     body["stream"] = True
     if descriptor is not None:
         body["kv_transfer_params"] = descriptor

@@ -30,6 +30,7 @@ max_attempts = 1
 retry_budget_ratio = 0.2
 retry_budget_min = 3
 probe_interval_s = 5.0
+probe_decode_tokens = 8
 [engine_contract]
 model = "tiny-llama"
 vllm_version = "0.32.0"
@@ -70,7 +71,8 @@ def test_documented_defaults() -> None:
         r.retry_budget_ratio,
         r.retry_budget_min,
         r.probe_interval_s,
-    ) == (3, 0.0, 1, 0.2, 3, 5.0)
+        r.probe_decode_tokens,
+    ) == (3, 0.0, 1, 0.2, 3, 5.0, 8)
     assert cfg.engine_contract is None
 
 
@@ -127,6 +129,8 @@ def test_documented_defaults() -> None:
         ),
         ({"engines": [{"url": "http://a:99999", "role": "both"}]}, "engines[0].url", "1-65535"),
         ({"recovery": {"probe_interval_s": 1e-9}}, "recovery.probe_interval_s", "0.01"),
+        ({"recovery": {"probe_decode_tokens": 0}}, "recovery.probe_decode_tokens", "1"),
+        ({"recovery": {"probe_decode_tokens": 257}}, "recovery.probe_decode_tokens", "256"),
         ({"engines": [{"url": "http://a:0", "role": "both"}]}, "engines[0].url", "1-65535"),
         ({"engines": [{"url": "http://a b:80", "role": "both"}]}, "engines[0].url", "valid host"),
         (
@@ -243,7 +247,8 @@ def test_bad_routing_names_key_and_reason(routing: dict, key: str, reason: str) 
             {"recovery": {"eject_afte": 2}, "engines": [{"url": "http://a", "role": "both"}]},
             "recovery.eject_afte: unknown key (check the spelling against the configuration "
             "reference); valid keys: eject_after, failure_quarantine_s, max_attempts, "
-            "max_ejection_percent, probe_interval_s, retry_budget_min, retry_budget_ratio",
+            "max_ejection_percent, probe_decode_tokens, probe_interval_s, retry_budget_min, "
+            "retry_budget_ratio",
         ),
         (  # an array of tables: the element's keys
             {"engines": [{"url": "http://a", "role": "both", "colour": "red"}]},

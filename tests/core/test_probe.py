@@ -24,10 +24,12 @@ from tests.core.scripted import (
 P0, P1, D0 = "http://p0", "http://p1", "http://d0"
 
 
-def setup(contract: bool = False, scripts: dict | None = None):  # type: ignore[no-untyped-def]
+def setup(  # type: ignore[no-untyped-def]
+    contract: bool = False, scripts: dict | None = None, recovery: dict | None = None
+):
     data: dict = {
         "engine": {"first_token_timeout_s": 1.0},
-        "recovery": {"eject_after": 1, "probe_interval_s": 2.0},
+        "recovery": {"eject_after": 1, "probe_interval_s": 2.0, **(recovery or {})},
         "engines": [
             {"url": P0, "role": "prefill"},
             {"url": P1, "role": "prefill"},
@@ -158,6 +160,27 @@ def test_probe_needs_a_token_then_done() -> None:
         scripts={D0: [Decode(items=((0.01, token("A")), (0.01, DONE)))]}
     )
     assert run(probe_engine(D0, ports, policies)) is ProbeOutcome.PASSED
+
+
+def test_consumer_probe_asks_for_probe_decode_tokens_and_fails_on_a_stall() -> None:
+    stalls = Decode(items=((0.01, token("A")), (0.01, token("B")), (0.01, token("C"))), end="hang")
+    clock, transport, policies, ports = setup(scripts={D0: [stalls]})
+    eject(policies, D0, clock.now(), producer=P0)
+    policies.breaker.due_probes(clock.now() + 10)
+    start = clock.now()
+    assert run(run_probe(D0, ports, policies)) is ProbeOutcome.FAILED  # 3 tokens, then silence
+    assert clock.now() - start <= 1.0 + 0.05 + 1e-9  # the whole leg within first_token_timeout_s
+    decode = transport.calls[1][3]
+    assert decode is not None and decode["max_tokens"] == 8 and decode["stream"] is True
+    assert policies.breaker.state(D0, clock.now()) is EngineState.EJECTED
+
+
+def test_probe_decode_tokens_sets_the_consumer_probes_length() -> None:
+    clock, transport, policies, ports = setup(recovery={"probe_decode_tokens": 3})
+    eject(policies, D0, clock.now(), producer=P0)
+    policies.breaker.due_probes(clock.now() + 10)
+    assert run(run_probe(D0, ports, policies)) is ProbeOutcome.PASSED
+    assert transport.calls[1][3]["max_tokens"] == 3
 
 
 def test_contract_checked_on_readmission() -> None:
