@@ -29,7 +29,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import routers  # this folder's benchmark harness
+import cores  # this folder's: which core each process runs on
+from bench_phases import aggregate, measure
+from bench_report import ms, pct, table
+from bench_routers import router_spec, wait_router
+from bench_stack import LoadGen, Stack, start_fleet
 
 
 def main() -> None:
@@ -40,34 +44,34 @@ def main() -> None:
     parser.add_argument("--decode-s-per-token", type=float, default=0.01)
     parser.add_argument("--no-pin", action="store_true", help="no core of its own for the router")
     args = parser.parse_args()
-    print(routers.cores.pin(not args.no_pin), flush=True)
+    print(cores.pin(not args.no_pin), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-paced-"))
-    stack = routers.Stack(workdir)
+    stack = Stack(workdir)
     rounds: dict[str, list[dict[str, Any]]] = defaultdict(list)
     try:
-        fleet = routers.start_fleet(stack, "paced", 1, 1, args.decode_s_per_token)
-        loadgen = routers.LoadGen(stack)
+        fleet = start_fleet(stack, "paced", 1, 1, args.decode_s_per_token)
+        loadgen = LoadGen(stack)
         prefill, decode = fleet.prefills[0].url, fleet.decodes[0].url
         targets: list[dict[str, Any]] = [
             {"name": "direct", "kind": "direct", "url": decode},
             {"name": "direct-pd", "kind": "direct_pd", "prefill": prefill, "decode": decode},
         ]
         for name in args.only:
-            spec = routers.router_spec(name, fleet, workdir, 30.0)
-            # "ovh-": the name routers.measure reads CPU from
+            spec = router_spec(name, fleet, workdir, 30.0)
+            # "ovh-": the name measure (bench_phases) reads CPU from
             stack.start(f"ovh-{name}", spec.argv, router=True)
-            routers.wait_router(spec, 30)
+            wait_router(spec, 30)
             targets.append({"name": name, "kind": "router", "url": spec.url})
         for round_index in range(args.rounds):
             for target in targets:
-                result = routers.measure(
+                result = measure(
                     stack, loadgen, target, 16, args.seconds, 64, fleet.decodes[0].port
                 )
                 rounds[target["name"]].append(result)
                 bad = {k: v for k, v in result["outcomes"].items() if k != "ok"}
                 print(
                     f"round {round_index + 1} {target['name']:>14}: TTFT p50 "
-                    f"{routers.ms(routers.pct(result['ttfts'], 50))} ms, "
+                    f"{ms(pct(result['ttfts'], 50))} ms, "
                     f"{result['chunks'] / result['elapsed']:.0f} chunks/s"
                     + (f", not ok: {bad}" if bad else ""),
                     flush=True,
@@ -75,10 +79,10 @@ def main() -> None:
     finally:
         stack.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
-    base = routers.aggregate(rounds["direct"], "direct")["ttft_p50_ms"]
+    base = aggregate(rounds["direct"], "direct")["ttft_p50_ms"]
     rows = []
     for name, measured in rounds.items():
-        total = routers.aggregate(measured, name)
+        total = aggregate(measured, name)
         per_chunk = total["cpu_ms_per_1000_chunks"]
         ttfts = [t for r in measured for t in r["ttfts"]]
         rows.append(
@@ -86,7 +90,7 @@ def main() -> None:
                 name,
                 len(ttfts),
                 f"{total['ttft_p50_ms']:.2f}",
-                routers.ms(routers.pct(ttfts, 90)),
+                ms(pct(ttfts, 90)),
                 f"{total['ttft_p50_ms'] - base:.2f}",
                 "-" if per_chunk is None else f"{per_chunk:.1f}",
             ]
@@ -96,7 +100,7 @@ def main() -> None:
         f"per token, {args.rounds} rounds of {args.seconds:g} s per target"
     )
     headers = ["target", "n", "TTFT p50 ms", "p90 ms", "added p50 ms", "CPU ms / 1000 chunks"]
-    print(routers.table(headers, rows))
+    print(table(headers, rows))
 
 
 if __name__ == "__main__":

@@ -37,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import routers  # this folder's benchmark harness
+import cores  # this folder's: which core each process runs on
+from bench_routers import COMPILED, router_spec, wait_router
+from bench_stack import CLK_TCK, LoadGen, Stack, start_fleet
 
-NARWHALS = ("narwhal", routers.COMPILED)  # --perf records each build of Narwhal
+NARWHALS = ("narwhal", COMPILED)  # --perf records each build of Narwhal
 
 
 def cpu_times(pid: int) -> tuple[float, float]:
@@ -50,7 +52,7 @@ def cpu_times(pid: int) -> tuple[float, float]:
             fields = stat.read().rsplit(")", 1)[1].split()
         user += int(fields[11])
         system += int(fields[12])
-    return user / routers.CLK_TCK, system / routers.CLK_TCK
+    return user / CLK_TCK, system / CLK_TCK
 
 
 def perf_split(recording: Path, sort: str = "dso", rows: int = 12) -> str:
@@ -67,7 +69,7 @@ def perf_split(recording: Path, sort: str = "dso", rows: int = 12) -> str:
 
 
 def measure(
-    loadgen: routers.LoadGen,
+    loadgen: LoadGen,
     name: str,
     url: str,
     pid: int,
@@ -123,17 +125,17 @@ def main() -> None:
         "--rate", type=float, help="open loop: this many requests per second to every router"
     )
     args = parser.parse_args()
-    print(routers.cores.pin(not args.no_pin), flush=True)
+    print(cores.pin(not args.no_pin), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-router-cpu-"))
-    stack = routers.Stack(workdir)
+    stack = Stack(workdir)
     try:
-        fleet = routers.start_fleet(stack, "cpu", 1, 1)
-        loadgen = routers.LoadGen(stack)
+        fleet = start_fleet(stack, "cpu", 1, 1)
+        loadgen = LoadGen(stack)
         specs = {}
         for name in args.only:
-            spec = routers.router_spec(name, fleet, workdir, 30.0)
+            spec = router_spec(name, fleet, workdir, 30.0)
             stack.start(name, spec.argv, router=True)
-            routers.wait_router(spec, 30)
+            wait_router(spec, 30)
             specs[name] = spec
         totals: dict[str, list[float]] = {name: [] for name in specs}
         for round_index in range(args.rounds):

@@ -38,7 +38,16 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import routers  # this folder's benchmark harness
+from bench_routers import (
+    COMPILED,
+    NARWHAL,
+    NARWHAL_BIN,
+    ROUTERS,
+    RouterSpec,
+    router_spec,
+    wait_router,
+)
+from bench_stack import MODEL, PROMPT_FILLER, Fleet, Stack, start_fleet
 
 
 def stream_completions(url: str, requests: int, tokens: int, timeout: float = 120) -> None:
@@ -47,8 +56,8 @@ def stream_completions(url: str, requests: int, tokens: int, timeout: float = 12
     import httpx
 
     body = {
-        "model": routers.MODEL,
-        "prompt": routers.PROMPT_FILLER * 6,
+        "model": MODEL,
+        "prompt": PROMPT_FILLER * 6,
         "max_tokens": tokens,
         "stream": True,
     }
@@ -74,7 +83,7 @@ def serve_and_count(
     with open(out.with_suffix(".err"), "w") as err:
         proc = subprocess.Popen(cmd + argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
     try:
-        routers.wait_router(routers.RouterSpec("router", url, argv, ""), 300)
+        wait_router(RouterSpec("router", url, argv, ""), 300)
         stream_completions(url, requests, tokens)
     finally:
         proc.send_signal(signal.SIGINT)
@@ -87,11 +96,11 @@ def serve_and_count(
     return dict(zip(events.group(1).split(), map(int, totals.group(1).split()), strict=True))
 
 
-def router_argv(name: str, fleet: routers.Fleet, workdir: Path) -> tuple[list[str], str]:
+def router_argv(name: str, fleet: Fleet, workdir: Path) -> tuple[list[str], str]:
     """How ``routers.py`` starts ``name``, with Narwhal's timeouts raised to 30 s (under
     callgrind it runs about 50 times slower)."""
-    spec = routers.router_spec(name, fleet, workdir, 60.0)
-    if name in ("narwhal", routers.COMPILED):
+    spec = router_spec(name, fleet, workdir, 60.0)
+    if name in ("narwhal", COMPILED):
         config = Path(spec.argv[spec.argv.index("--config") + 1])
         text = config.read_text()
         for key in ("first_token_timeout_s", "decode_read_timeout_s"):
@@ -102,9 +111,9 @@ def router_argv(name: str, fleet: routers.Fleet, workdir: Path) -> tuple[list[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    names = (*routers.ROUTERS, routers.COMPILED)
+    names = (*ROUTERS, COMPILED)
     parser.add_argument("--only", nargs="+", default=["narwhal"], choices=names)
-    parser.add_argument("--narwhal-bin", type=Path, default=routers.NARWHAL)
+    parser.add_argument("--narwhal-bin", type=Path, default=NARWHAL)
     parser.add_argument("--base", type=int, default=20)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--tokens", type=int, default=1)
@@ -115,12 +124,12 @@ def main() -> None:
         help="also simulate the caches: first-level instruction and data misses per request",
     )
     args = parser.parse_args()
-    routers.NARWHAL_BIN["path"] = args.narwhal_bin.absolute()
+    NARWHAL_BIN["path"] = args.narwhal_bin.absolute()
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-instructions-"))
-    stack = routers.Stack(workdir)
+    stack = Stack(workdir)
     per_request: dict[str, dict[str, float]] = {}
     try:
-        fleet = routers.start_fleet(stack, "cg", 1, 1, args.decode_s_per_token)
+        fleet = start_fleet(stack, "cg", 1, 1, args.decode_s_per_token)
         for name in args.only:
             counts = []
             for n in (args.base, args.base + args.requests):
@@ -129,8 +138,7 @@ def main() -> None:
                 counts.append(serve_and_count(argv, url, n, args.tokens, out, args.cache_sim))
                 print(f"{name}, {n} requests: {counts[-1]['Ir']:,} instructions", flush=True)
             per_request[name] = {
-                event: (counts[1][event] - counts[0][event]) / args.requests
-                for event in counts[0]
+                event: (counts[1][event] - counts[0][event]) / args.requests for event in counts[0]
             }
     finally:
         stack.stop_all()

@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import router_instructions  # this folder's: how routers.py starts Narwhal, and the load
-import routers  # this folder's benchmark harness
+from bench_routers import NARWHAL, NARWHAL_BIN, RouterSpec, wait_router
+from bench_stack import Stack, start_fleet
 
 
 def rss_kib(pid: int) -> int:
@@ -33,20 +34,20 @@ def rss_kib(pid: int) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--narwhal-bin", type=Path, default=routers.NARWHAL)
+    parser.add_argument("--narwhal-bin", type=Path, default=NARWHAL)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--tokens", type=int, default=1)
     args = parser.parse_args()
-    routers.NARWHAL_BIN["path"] = args.narwhal_bin.absolute()
+    NARWHAL_BIN["path"] = args.narwhal_bin.absolute()
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-rss-"))
-    stack = routers.Stack(workdir)
+    stack = Stack(workdir)
     try:
-        fleet = routers.start_fleet(stack, "rss", 1, 1, 0.0)
+        fleet = start_fleet(stack, "rss", 1, 1, 0.0)
         argv, url = router_instructions.router_argv("narwhal", fleet, workdir)
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            routers.wait_router(routers.RouterSpec("narwhal", url, argv, ""), 60)
+            wait_router(RouterSpec("narwhal", url, argv, ""), 60)
             for round_ in range(1, args.rounds + 1):
                 router_instructions.stream_completions(url, args.requests, args.tokens, 60)
                 served = round_ * args.requests

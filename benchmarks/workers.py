@@ -31,19 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from routers import (
-    CLK_TCK,
-    NARWHAL,
-    RESULTS,
-    LoadGen,
-    RouterSpec,
-    Stack,
-    aggregate,
-    free_port,
-    narwhal_config,
-    start_fleet,
-    wait_router,
-)
+from bench_phases import aggregate
+from bench_routers import NARWHAL, RouterSpec, narwhal_config, wait_router
+from bench_stack import CLK_TCK, RESULTS, LoadGen, Stack, free_port, start_fleet
 
 
 def _stat(pid: int) -> tuple[int, float] | None:
@@ -72,7 +62,11 @@ def tree_cpu_seconds(root: int) -> float:
 
 
 def measure(
-    loadgen: LoadGen, target: dict[str, Any], root: int, concurrency: int, seconds: float,
+    loadgen: LoadGen,
+    target: dict[str, Any],
+    root: int,
+    concurrency: int,
+    seconds: float,
     tokens: int,
 ) -> dict[str, Any]:
     marks: dict[str, float] = {}
