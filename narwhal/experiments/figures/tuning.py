@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from narwhal.experiments.aggregate import mean_curve
 from narwhal.experiments.figures.base import (
     add_footer,
     pyplot,
@@ -34,9 +35,7 @@ if TYPE_CHECKING:
     from narwhal.experiments.sweep import SweepResult
 
 
-def recommend(
-    cells: list[dict[str, Any]], goodput_pct: float, success_pp: float
-) -> int | None:
+def recommend(cells: list[dict[str, Any]], goodput_pct: float, success_pp: float) -> int | None:
     """Index of the recommended cell (see the module's rule); None when every cell measured
     the same, where any pick would only be grid order dressed up as advice."""
     measured = {(c["success_pct"], c["first_byte_p99_s"], c.get("goodput_rps")) for c in cells}
@@ -64,7 +63,7 @@ def _panel(
     xs: list[Any],
     ys: list[Any],
     spec: dict[str, Any],
-    marks: list[list[str]] | None = None,
+    labels: list[list[str | None]] | None = None,
     spread: list[list[float]] | None = None,
 ) -> None:
     plt = pyplot()
@@ -77,8 +76,9 @@ def _panel(
     for j, row in enumerate(grid):
         for i, value in enumerate(row):
             text = "-" if math.isnan(value) else spec["fmt"].format(value)
-            if marks is not None:
-                text = marks[j][i] + text
+            label = None if labels is None else labels[j][i]
+            if label is not None:
+                text = label
             if spread is not None and not math.isnan(spread[j][i]):
                 text += "\n\u00b1" + spec["fmt"].format(spread[j][i])
             shade = 0.0 if math.isnan(value) else (value - low) / (high - low)
@@ -95,6 +95,23 @@ def _panel(
     ax.set_xticks(range(len(xs)), [str(x) for x in xs])
     ax.set_yticks(range(len(ys)), [str(y) for y in ys])
     ax.set_title(spec["title"], fontsize=10)
+
+
+def lowest_rate(runs: list[dict[str, Any]], point: int) -> float | None:
+    """The lowest offered rate a point's goodput curve tried (its mean over replicates)."""
+    curve = mean_curve([run for run in runs if run["point"] == point])
+    return min((rate for rate, _ in curve), default=None)
+
+
+def goodput_label(value: float | None, bound: str | None, lowest_rps: float | None) -> str | None:
+    """A goodput cell's text when it is a bound, not a crossing: ``>=`` the highest rate tried
+    (no rate missed the bar), ``<`` the lowest rate tried (even that one missed it); None for a
+    measured crossing, shown as its value."""
+    if bound == "above" and value is not None:
+        return f">={value:.1f}"
+    if bound == "below":
+        return "<-" if lowest_rps is None else f"<{lowest_rps:.1f}"
+    return None
 
 
 def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
@@ -117,6 +134,7 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
                 "goodput_rps": point.get("goodput_rps"),
                 "goodput_rps_sd": point.get("goodput_rps_sd"),
                 "goodput_bound": point.get("goodput_bound"),
+                "lowest_rps": lowest_rate(result.runs, point["point"]),
                 "offered_rps": point["offered_rps"],
                 "ejections": point["ejections"],
                 "retried_requests": point["retried_requests"],
@@ -161,13 +179,13 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
             )
         )
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.9))
-    bounds = [[""] * len(xs) for _ in ys]
+    labels: list[list[str | None]] = [[None] * len(xs) for _ in ys]
     for cell in cells:
-        mark = {"above": ">=", "below": "<"}.get(cell.get("goodput_bound") or "", "")
-        bounds[ys.index(cell[options.y])][xs.index(cell[options.x])] = mark
+        label = goodput_label(cell["goodput_rps"], cell["goodput_bound"], cell["lowest_rps"])
+        labels[ys.index(cell[options.y])][xs.index(cell[options.x])] = label
     for ax, (key, scale, style) in zip(axes, panels, strict=True):
         sd = matrix(f"{key}_sd", scale) if f"{key}_sd" in cells[0] else None
-        _panel(ax, matrix(key, scale), xs, ys, style, bounds if key == "goodput_rps" else None, sd)
+        _panel(ax, matrix(key, scale), xs, ys, style, labels if key == "goodput_rps" else None, sd)
         if chosen is not None:
             cx, cy = xs.index(cells[chosen][options.x]), ys.index(cells[chosen][options.y])
             ax.add_patch(Rectangle((cx - 0.5, cy - 0.5), 1, 1, fill=False, lw=2.5, ec="#e41a1c"))
