@@ -28,6 +28,21 @@ COMPILED = "narwhal-compiled"  # the mypyc build, scripts/build_compiled.sh (--n
 NARWHAL_COMPILED = ROOT / ".venv-compiled" / "bin" / "narwhal"
 
 
+# The two Python proxies of this folder, each given the fleet as --prefill/--decode URLs: the
+# script, and what the report says of its fault handling. aiohttp-relay is the floor of a Python
+# relay on Narwhal's HTTP stack.
+PYTHON_PROXIES = {
+    "naive": (
+        "naive_proxy.py",
+        "round robin, no retries, no breaker, no timeout but connect (5 s)",
+    ),
+    "aiohttp-relay": (
+        "aiohttp_relay.py",
+        "logic-free relay on aiohttp + uvloop: round robin, no timeouts, no checks",
+    ),
+}
+
+
 @dataclass
 class RouterSpec:
     name: str
@@ -139,20 +154,13 @@ def router_spec(name: str, fleet: Fleet, workdir: Path, request_timeout: float) 
                 "(workers from a --discovery-file manifest with kv_connector NixlConnector)",
             ]
         )
-    elif name == "naive":
-        argv = [str(PY), str(BENCH / "naive_proxy.py"), "--port", str(port)]
+    elif name in PYTHON_PROXIES:
+        script, flags = PYTHON_PROXIES[name]
+        argv = [str(PY), str(BENCH / script), "--port", str(port)]
         for engine in fleet.prefills:
             argv += ["--prefill", engine.url]
         for engine in fleet.decodes:
             argv += ["--decode", engine.url]
-        flags = "round robin, no retries, no breaker, no timeout but connect (5 s)"
-    elif name == "aiohttp-relay":  # the floor of a Python relay on Narwhal's HTTP stack
-        argv = [str(PY), str(BENCH / "aiohttp_relay.py"), "--port", str(port)]
-        for engine in fleet.prefills:
-            argv += ["--prefill", engine.url]
-        for engine in fleet.decodes:
-            argv += ["--decode", engine.url]
-        flags = "logic-free relay on aiohttp + uvloop: round robin, no timeouts, no checks"
     else:
         raise ValueError(name)
     return RouterSpec(name, url, argv, flags)
