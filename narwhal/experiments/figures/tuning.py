@@ -13,7 +13,8 @@ are there because differences smaller than the spread between replicates are noi
 Theory of operation: the spec's grid must have exactly the two axes ``x`` and ``y`` (and no
 cases). Each panel is an ``imshow`` of point means with the value printed in every cell; all
 colour maps run from worse (dark) to better (bright), so p99 uses the reversed map.
-``tuning.csv`` holds one row per cell with the plotted numbers and the recommendation flag.
+``tuning.csv`` holds one row per cell with the plotted numbers, the lowest rate its goodput
+curve tried (the bound of a goodput below it) and the recommendation flag.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
                 "goodput_rps": point.get("goodput_rps"),
                 "goodput_rps_sd": point.get("goodput_rps_sd"),
                 "goodput_bound": point.get("goodput_bound"),
-                "lowest_rps": lowest_rate(result.runs, point["point"]),
+                "lowest_offered_rps": lowest_rate(result.runs, point["point"]),
                 "offered_rps": point["offered_rps"],
                 "ejections": point["ejections"],
                 "retried_requests": point["retried_requests"],
@@ -181,7 +182,9 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.9))
     labels: list[list[str | None]] = [[None] * len(xs) for _ in ys]
     for cell in cells:
-        label = goodput_label(cell["goodput_rps"], cell["goodput_bound"], cell["lowest_rps"])
+        label = goodput_label(
+            cell["goodput_rps"], cell["goodput_bound"], cell["lowest_offered_rps"]
+        )
         labels[ys.index(cell[options.y])][xs.index(cell[options.x])] = label
     for ax, (key, scale, style) in zip(axes, panels, strict=True):
         sd = matrix(f"{key}_sd", scale) if f"{key}_sd" in cells[0] else None
