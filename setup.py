@@ -10,13 +10,14 @@ instructions per served request and per streamed chunk (``benchmarks/router_inst
 docs/simulator.md (Speed) and docs/benchmarks.md have the figures. Nothing changes in what
 they do: CI runs the default test suite against the compiled build and checks that ``narwhal
 simulate`` writes byte-identical results with it. A plain ``pip install`` (editable or not)
-stays pure Python, so an edited source is always the code that runs.
+stays pure Python, so an edited source is always the code that runs; the container image
+(``deploy/Containerfile``) installs the compiled wheel.
 
-    python3 -m venv .venv-compiled
-    .venv-compiled/bin/pip install 'setuptools>=77' wheel 'mypy>=1.10,<2'
-    NARWHAL_COMPILE=1 .venv-compiled/bin/pip install --no-build-isolation '.[dev]'
+    bash scripts/build_wheel.sh dist     # the compiled wheel: NARWHAL_COMPILE=1 pip wheel ...
+    bash scripts/build_compiled.sh       # .venv-compiled: the dev dependencies and that wheel
 
-(``scripts/build_compiled.sh`` does exactly this.) Metadata lives in ``pyproject.toml``.
+(``build_wheel.sh`` installs the build tools, mypy among them, in a venv of its own and runs
+``NARWHAL_COMPILE=1 pip wheel --no-build-isolation``.) Metadata lives in ``pyproject.toml``.
 """
 
 from __future__ import annotations

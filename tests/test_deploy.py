@@ -109,4 +109,10 @@ def test_the_container_recipe_runs_what_the_deployment_runs(
     run_as = manifests["Deployment"]["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
     assert int(instruction["USER"]) == run_as
     assert "/livez" in instruction["HEALTHCHECK"]
-    assert "pip install --no-cache-dir . " in recipe  # the router alone, without the sim extra
+    # the compiled wheel that scripts/build_wheel.sh writes, alone (without the sim extra),
+    # named as a wheel of the project's distribution is named
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]
+    wheel = re.sub(r"[-_.]+", "_", project["name"]) + "-*.whl"
+    assert "RUN bash scripts/build_wheel.sh /wheels\n" in recipe
+    assert f"pip install --no-cache-dir /wheels/{wheel} " in recipe
+    assert f'ls "$OUT"/{wheel}' in (DEPLOY.parent / "scripts" / "build_wheel.sh").read_text()
