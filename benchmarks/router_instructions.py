@@ -13,6 +13,7 @@ Needs ``valgrind``; a few minutes per router.
     .venv/bin/python benchmarks/router_instructions.py --tokens 64 --decode-s-per-token 0.01
     .venv/bin/python benchmarks/router_instructions.py --narwhal-bin ../old/.venv/bin/narwhal
     .venv/bin/python benchmarks/router_instructions.py --only narwhal narwhal-compiled
+    .venv/bin/python benchmarks/router_instructions.py --only narwhal-compiled --functions 25
 
 The engines and the routers' settings are ``benchmarks/routers.py``'s (one producer, one
 consumer, every timing 0 unless ``--decode-s-per-token``); Narwhal's first-token and silence
@@ -23,6 +24,9 @@ full speed several arrive together); the cost per chunk is then the 64-token fig
 and write is alike for every router), a Rust router's threads together (valgrind runs them one
 at a time); they include what a router does per second of wall time (Narwhal's lag monitor's
 heartbeat), so paced runs, whose length the engines set, are compared with paced runs.
+``--functions N`` also prints where a request's instructions go: the N functions (C functions:
+the interpreter's, the compiled build's, the libraries') with the most instructions of their
+own per request, and the shares of the allocator and of the cyclic garbage collector.
 """
 
 from __future__ import annotations
@@ -96,6 +100,45 @@ def serve_and_count(
     return dict(zip(events.group(1).split(), map(int, totals.group(1).split()), strict=True))
 
 
+# CPython's object allocator and deallocators, and its cyclic garbage collector (tracking,
+# untracking, collections, the types' traverse functions), by file and function name.
+ALLOCATOR = ("obmalloc.c:", "dealloc")
+COLLECTOR = ("gcmodule.c:", "traverse")
+
+
+def own_instructions(callgrind_out: Path) -> dict[str, int]:
+    """Instructions of each function's own code (not its callees), by callgrind_annotate."""
+    text = subprocess.run(
+        ["callgrind_annotate", "--inclusive=no", "--threshold=100", str(callgrind_out)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    own: dict[str, int] = {}
+    for match in re.finditer(r"^\s*([\d,]+) \([^)]*\)\s+(\S.*?)(?: \[(.*)\])?$", text, re.M):
+        where = match.group(2)
+        if where in ("PROGRAM TOTALS", "events annotated") or ":" not in where:
+            continue  # totals and source lines, not functions
+        library = Path(match.group(3)).name if match.group(3) else ""
+        key = f"{where.rsplit('/', 2)[-1]}  {library}".strip()
+        own[key] = own.get(key, 0) + int(match.group(1).replace(",", ""))
+    return own
+
+
+def print_functions(base: Path, more: Path, requests: int, top: int) -> None:
+    """The per-request difference of two runs' per-function counts: the ``top`` functions, and
+    the allocator's and the collector's shares of the whole."""
+    before, after = own_instructions(base), own_instructions(more)
+    per_request = {k: (v - before.get(k, 0)) / requests for k, v in after.items()}
+    total = sum(per_request.values())
+    print(f"  {total / 1e3:.1f} k instructions per request in functions; the most:")
+    for key, count in sorted(per_request.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {count / 1e3:8.1f} k  {key}")
+    for label, parts in (("allocator", ALLOCATOR), ("cyclic collector", COLLECTOR)):
+        share = sum(v for k, v in per_request.items() if any(p in k for p in parts))
+        print(f"  {label}: {share / 1e3:.1f} k per request, {share / total:.1%}")
+
+
 def router_argv(name: str, fleet: Fleet, workdir: Path) -> tuple[list[str], str]:
     """How ``routers.py`` starts ``name``, with Narwhal's timeouts raised to 30 s (under
     callgrind it runs about 50 times slower)."""
@@ -119,6 +162,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--decode-s-per-token", type=float, default=0.0)
     parser.add_argument(
+        "--functions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print the N functions with the most instructions of their own per request",
+    )
+    parser.add_argument(
         "--cache-sim",
         action="store_true",
         help="also simulate the caches: first-level instruction and data misses per request",
@@ -137,6 +187,12 @@ def main() -> None:
                 out = workdir / f"{name}-{n}.callgrind"
                 counts.append(serve_and_count(argv, url, n, args.tokens, out, args.cache_sim))
                 print(f"{name}, {n} requests: {counts[-1]['Ir']:,} instructions", flush=True)
+            if args.functions:
+                runs = [
+                    workdir / f"{name}-{n}.callgrind"
+                    for n in (args.base, args.base + args.requests)
+                ]
+                print_functions(runs[0], runs[1], args.requests, args.functions)
             per_request[name] = {
                 event: (counts[1][event] - counts[0][event]) / args.requests for event in counts[0]
             }
