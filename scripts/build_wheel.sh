@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=$(realpath -m "${1:-dist}")
 BUILD_VENV=$(mktemp -d)
-LOG="$BUILD_VENV.log"  # the build's own chatter (setuptools warnings, compiler lines)
+LOG="$BUILD_VENV.log"  # the build's chatter (setuptools warnings, compiler lines); kept on failure
 trap 'rm -rf "$BUILD_VENV"' EXIT
 quietly() { "$@" >>"$LOG" 2>&1 || { tail -n 40 "$LOG"; echo "failed: $* (log: $LOG)"; exit 1; }; }
 quietly "$PY" -m venv "$BUILD_VENV"
@@ -20,5 +20,5 @@ rm -rf build  # setuptools reuses stale objects from build/ otherwise
 mkdir -p "$OUT"
 rm -f "$OUT"/narwhal_router-*.whl
 NARWHAL_COMPILE=1 quietly "$BUILD_VENV/bin/pip" wheel --no-build-isolation --no-deps -w "$OUT" .
-rm -rf build
+rm -rf build "$LOG"
 ls "$OUT"/narwhal_router-*.whl
