@@ -1,6 +1,6 @@
 """parse_client_request: every bad shape is a BadRequest with its reason; whatever the body,
 client ``kv_transfer_params`` never survive and the parsed body shares nothing with the input.
-(The two leg bodies built from it are tested through the lifecycle, test_lifecycle.py.)"""
+(The two leg bodies built from it are tested through the lifecycle, test_lifecycle_paths.py.)"""
 
 from __future__ import annotations
 

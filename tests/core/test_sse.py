@@ -1,310 +1,33 @@
-"""Tests for narwhal.core.sse: classification of vLLM's chunks and incremental SSE parsing."""
+"""Tests for narwhal.core.sse's incremental parsing: line endings, splits at any byte, bounds,
+the wire form, and properties over generated streams (classification: test_sse_classify.py)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from narwhal.core.sse import (
-    DEFAULT_ERROR_STATUS,
     EventKind,
     SseEvent,
     SseParser,
     SseTooLarge,
     classify,
 )
-
-# ---------------------------------------------------------------- realistic vLLM chunks
-# Shapes as vLLM 0.32.0 sends them (docs/contract.md); compact separators as in vLLM's
-# pydantic model_dump_json, json.dumps spacing for the in-band error.
-
-COMPLETION_TOKEN = (
-    '{"id":"cmpl-7f3a","object":"text_completion","created":1767225600,"model":"tiny-llama",'
-    '"choices":[{"index":0,"text":"K","logprobs":null,"finish_reason":null,"stop_reason":null}],'
-    '"usage":null}'
+from tests.core.sse_samples import (
+    CHAT_CONTENT,
+    CHAT_FINISH,
+    CHAT_ROLE,
+    COMPLETION_TOKEN,
+    ERROR_500,
+    USAGE,
+    cut,
+    parse,
+    parse_chunks,
 )
-COMPLETION_FINISH = (
-    '{"id":"cmpl-7f3a","object":"text_completion","created":1767225600,"model":"tiny-llama",'
-    '"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length",'
-    '"stop_reason":null}],"usage":null}'
-)
-CHAT_ROLE = (
-    '{"id":"chatcmpl-9b1c","object":"chat.completion.chunk","created":1767225600,'
-    '"model":"tiny-llama","choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-    '"logprobs":null,"finish_reason":null}]}'
-)
-CHAT_CONTENT = (
-    '{"id":"chatcmpl-9b1c","object":"chat.completion.chunk","created":1767225600,'
-    '"model":"tiny-llama","choices":[{"index":0,"delta":{"content":"z"},"logprobs":null,'
-    '"finish_reason":null}]}'
-)
-CHAT_FINISH = (
-    '{"id":"chatcmpl-9b1c","object":"chat.completion.chunk","created":1767225600,'
-    '"model":"tiny-llama","choices":[{"index":0,"delta":{},"logprobs":null,'
-    '"finish_reason":"stop","stop_reason":null}]}'
-)
-CHAT_REASONING = (
-    '{"id":"chatcmpl-9b1c","object":"chat.completion.chunk","created":1767225600,'
-    '"model":"tiny-llama","choices":[{"index":0,"delta":{"reasoning_content":"hmm"},'
-    '"logprobs":null,"finish_reason":null}]}'
-)
-CHAT_TOOL_CALL = (
-    '{"id":"chatcmpl-9b1c","object":"chat.completion.chunk","created":1767225600,'
-    '"model":"tiny-llama","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,'
-    '"id":"chatcmpl-tool-1","type":"function","function":{"name":"f","arguments":""}}]},'
-    '"logprobs":null,"finish_reason":null}]}'
-)
-USAGE = (
-    '{"id":"chatcmpl-9b1c","object":"chat.completion.chunk","created":1767225600,'
-    '"model":"tiny-llama","choices":[],'
-    '"usage":{"prompt_tokens":12,"total_tokens":20,"completion_tokens":8}}'
-)
-ERROR_500 = (
-    '{"error": {"message": "Internal server error", "type": "InternalServerError", '
-    '"param": null, "code": 500}}'
-)
-ERROR_400 = (
-    '{"error": {"message": "max_tokens must be at least 1", "type": "BadRequestError", '
-    '"param": null, "code": 400}}'
-)
-
-
-def _error(code: Any = None, *, with_code: bool = True, message: Any = "boom") -> str:
-    err: dict[str, Any] = {"message": message, "type": "InternalServerError", "param": None}
-    if with_code:
-        err["code"] = code
-    return json.dumps({"error": err})
-
-
-def parse(stream: bytes) -> list[SseEvent]:
-    parser = SseParser()
-    events = parser.feed(stream)
-    assert parser.close() == []
-    return events
-
-
-def parse_chunks(chunks: list[bytes]) -> tuple[list[SseEvent], SseParser]:
-    parser = SseParser()
-    events: list[SseEvent] = []
-    for chunk in chunks:
-        events.extend(parser.feed(chunk))
-    return events, parser
-
-
-def cut(stream: bytes, points: list[int]) -> list[bytes]:
-    bounds = [0, *sorted(points), len(stream)]
-    return [stream[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-# ---------------------------------------------------------------- classification
-
-
-@pytest.mark.parametrize(
-    ("data", "kind"),
-    [
-        (COMPLETION_TOKEN, EventKind.TOKEN),
-        (COMPLETION_FINISH, EventKind.METADATA),
-        (CHAT_ROLE, EventKind.METADATA),
-        (CHAT_CONTENT, EventKind.TOKEN),
-        (CHAT_FINISH, EventKind.METADATA),
-        (CHAT_REASONING, EventKind.TOKEN),
-        (CHAT_TOOL_CALL, EventKind.TOKEN),
-        (USAGE, EventKind.METADATA),
-        (ERROR_500, EventKind.ERROR),
-        (ERROR_400, EventKind.ERROR),
-        ("[DONE]", EventKind.DONE),
-        ("not json at all", EventKind.MALFORMED),
-        ('{"choices": [', EventKind.MALFORMED),
-        ("", EventKind.MALFORMED),
-        ("[1, 2, 3]", EventKind.MALFORMED),
-        ('"a string"', EventKind.MALFORMED),
-        ("42", EventKind.MALFORMED),
-        ("null", EventKind.MALFORMED),
-        ("{}", EventKind.METADATA),
-    ],
-)
-def test_classify_kinds(data: str, kind: EventKind) -> None:
-    event = classify(data)
-    assert event.kind is kind
-    assert event.data == data
-    if kind in (EventKind.DONE, EventKind.MALFORMED):
-        assert event.payload is None
-    else:
-        assert event.payload == json.loads(data)
-    if kind is not EventKind.ERROR:
-        assert event.error_status is None
-        assert event.error_message is None
-
-
-def test_token_payload_is_the_parsed_chunk() -> None:
-    event = classify(COMPLETION_TOKEN)
-    assert event.payload is not None
-    assert event.payload["choices"][0]["text"] == "K"
-
-
-def test_error_500_details() -> None:
-    event = classify(ERROR_500)
-    assert event.kind is EventKind.ERROR
-    assert event.error_status == 500
-    assert event.error_message == "Internal server error"
-
-
-def test_error_400_details() -> None:
-    event = classify(ERROR_400)
-    assert event.error_status == 400
-    assert event.error_message == "max_tokens must be at least 1"
-
-
-@pytest.mark.parametrize(
-    ("data", "status"),
-    [
-        (_error(with_code=False), DEFAULT_ERROR_STATUS),
-        (_error(None), DEFAULT_ERROR_STATUS),
-        (_error("oops"), DEFAULT_ERROR_STATUS),
-        (_error(3.5), DEFAULT_ERROR_STATUS),
-        (_error(True), DEFAULT_ERROR_STATUS),
-        (_error([500]), DEFAULT_ERROR_STATUS),
-        (_error(200), DEFAULT_ERROR_STATUS),
-        (_error(302), DEFAULT_ERROR_STATUS),
-        (_error(600), DEFAULT_ERROR_STATUS),
-        (_error(-500), DEFAULT_ERROR_STATUS),
-        (_error("503"), 503),
-        (_error(" 429 "), 429),
-        (_error("5030"), DEFAULT_ERROR_STATUS),
-        (_error("٥٠٣"), DEFAULT_ERROR_STATUS),  # non-ASCII digits are not a status
-        (_error(404), 404),
-        (_error(599), 599),
-    ],
-)
-def test_error_status(data: str, status: int) -> None:
-    event = classify(data)
-    assert event.kind is EventKind.ERROR
-    assert event.error_status == status
-    assert event.error_message == "boom"
-
-
-def test_default_error_status_is_502() -> None:
-    assert DEFAULT_ERROR_STATUS == 502
-
-
-def test_error_as_string() -> None:
-    event = classify('{"error": "engine overloaded", "code": 503}')
-    assert event.kind is EventKind.ERROR
-    assert event.error_status == 503
-    assert event.error_message == "engine overloaded"
-
-
-def test_error_object_shape_of_older_vllm() -> None:
-    data = json.dumps(
-        {"object": "error", "message": "model not found", "type": "NotFoundError", "code": 404}
-    )
-    event = classify(data)
-    assert event.kind is EventKind.ERROR
-    assert event.error_status == 404
-    assert event.error_message == "model not found"
-
-
-@pytest.mark.parametrize(
-    ("error", "message"),
-    [
-        ({"type": "InternalServerError", "code": 500}, "InternalServerError"),
-        ({"message": "", "type": "X"}, "X"),
-        ({"message": {"nested": 1}}, "upstream sent an error event"),
-        ({"code": 500}, "upstream sent an error event"),
-    ],
-)
-def test_error_message_fallbacks(error: dict[str, Any], message: str) -> None:
-    event = classify(json.dumps({"error": error}))
-    assert event.kind is EventKind.ERROR
-    assert event.error_message == message
-
-
-def test_error_wins_over_choices() -> None:
-    data = json.dumps({"choices": [{"index": 0, "text": "x"}], "error": {"message": "m"}})
-    assert classify(data).kind is EventKind.ERROR
-
-
-@pytest.mark.parametrize("error", [None, "", {}, False])
-def test_falsy_error_key_is_not_an_error(error: Any) -> None:
-    data = json.dumps({"choices": [{"index": 0, "text": "x"}], "error": error})
-    assert classify(data).kind is EventKind.TOKEN
-
-
-@pytest.mark.parametrize(
-    ("delta", "kind"),
-    [
-        ({"role": "assistant", "content": ""}, EventKind.METADATA),
-        ({"role": "assistant"}, EventKind.METADATA),
-        ({"content": None}, EventKind.METADATA),
-        ({"content": "é"}, EventKind.TOKEN),
-        ({"content": " "}, EventKind.TOKEN),  # whitespace is generated output too
-        ({"reasoning_content": ""}, EventKind.METADATA),
-        ({"reasoning": "think"}, EventKind.TOKEN),  # newer vLLM's name for reasoning_content
-        ({"tool_calls": []}, EventKind.METADATA),
-        ({"tool_calls": [{"index": 0}]}, EventKind.TOKEN),
-        ({"content": 5}, EventKind.METADATA),
-    ],
-)
-def test_chat_deltas(delta: dict[str, Any], kind: EventKind) -> None:
-    data = json.dumps(
-        {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]}
-    )
-    assert classify(data).kind is kind
-
-
-def test_token_in_any_choice() -> None:
-    data = json.dumps(
-        {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}, {"index": 1, "text": "b"}]}
-    )
-    assert classify(data).kind is EventKind.TOKEN
-
-
-@pytest.mark.parametrize(
-    "payload",
-    [
-        {"choices": None},
-        {"choices": "text"},
-        {"choices": [None, 3, "x"]},
-        {"choices": [{"text": None}]},
-        {"choices": [{"delta": "content"}]},
-        {"usage": {"prompt_tokens": 1}},
-    ],
-)
-def test_odd_shapes_are_metadata(payload: dict[str, Any]) -> None:
-    assert classify(json.dumps(payload)).kind is EventKind.METADATA
-
-
-def test_done_tolerates_surrounding_whitespace() -> None:
-    assert classify(" [DONE] ").kind is EventKind.DONE
-    assert classify("[DONE]x").kind is EventKind.MALFORMED
-
-
-def test_deeply_nested_json_is_malformed_not_a_crash() -> None:
-    assert classify("[" * 100_000 + "]" * 100_000).kind is EventKind.MALFORMED
-    assert classify('{"a":' * 100_000 + "1" + "}" * 100_000).kind is EventKind.MALFORMED
-
-
-def test_events_are_values() -> None:
-    """Equal by kind, data and payload (not by whether the wire bytes were kept), hashed
-    alike; immutability is the type checker's (``Final``), as for every record."""
-    event = classify(CHAT_CONTENT)
-    kept = classify(CHAT_CONTENT, f"data: {CHAT_CONTENT}\n\n".encode())
-    assert event == kept and hash(event) == hash(kept) and event.encoded is None
-    assert {event: 1}[kept] == 1
-    assert event != classify(CHAT_ROLE)
-    assert event != SseEvent(EventKind.METADATA, CHAT_CONTENT, event.payload)
-    assert event != SseEvent(EventKind.TOKEN, CHAT_CONTENT, None)
-    assert event != CHAT_CONTENT
-    assert repr(SseEvent(EventKind.DONE, "[DONE]")) == (
-        "SseEvent(kind=<EventKind.DONE: 'done'>, data='[DONE]', payload=None)"
-    )
-
 
 # ---------------------------------------------------------------- parsing
 
