@@ -410,7 +410,11 @@ def _check_side_channel(params: dict[str, Any], connector: str, pinned: str) -> 
 
 
 def validate_descriptor(
-    params: object, connector: str, pinned_side_channel: str | None = None
+    params: object,
+    connector: str,
+    pinned_side_channel: str | None = None,
+    *,
+    detach: bool = True,
 ) -> dict[str, Any]:
     """Check the producer's ``kv_transfer_params`` for the decode leg of ``connector``.
 
@@ -418,7 +422,9 @@ def validate_descriptor(
     :class:`DescriptorError`. ``pinned_side_channel`` (``host:port``) is the producer's KV side
     channel fixed by the engine contract; hosts compare case-insensitively and literally
     (``localhost`` is not ``127.0.0.1``). A pinned value that does not parse is a configuration
-    error and raises a plain ``ValueError``.
+    error and raises a plain ``ValueError``. ``detach=False`` returns ``params`` itself, for a
+    value the caller has just parsed and holds nowhere else (a prefill reply's): a copy of a
+    long prompt's block ids costs about as much as checking them.
     """
     if not isinstance(params, dict):
         raise DescriptorError(
@@ -432,4 +438,4 @@ def validate_descriptor(
     if pinned_side_channel is not None:
         _check_side_channel(params, connector, pinned_side_channel)
     _check_finite(params)
-    return json_copy(params)
+    return json_copy(params) if detach else params

@@ -135,8 +135,8 @@ def read_prefill_reply(
             phase="prefill",
         )
     try:
-        descriptor = validate_descriptor(
-            payload.get("kv_transfer_params"), connector, pinned_side_channel
+        descriptor = validate_descriptor(  # the reply was parsed here, for this leg alone
+            payload.get("kv_transfer_params"), connector, pinned_side_channel, detach=False
         )
     except DescriptorError as error:
         return fault(

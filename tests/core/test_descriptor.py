@@ -187,6 +187,24 @@ def test_valid_descriptor_returns_equal_deep_copy(case: tuple[str, dict[str, Any
 
 @FAST
 @given(connector_and_descriptor)
+def test_undetached_validation_returns_the_value_itself_unchanged(
+    case: tuple[str, dict[str, Any]],
+) -> None:
+    connector, descriptor = case
+    before = copy.deepcopy(descriptor)
+    assert validate_descriptor(descriptor, connector, detach=False) is descriptor
+    assert descriptor == before
+
+
+def test_undetached_validation_still_refuses_a_bad_descriptor() -> None:
+    bad = {**VLLM_NIXL_EXAMPLE, "remote_block_ids": [[1, -2]]}
+    with pytest.raises(DescriptorError) as info:
+        validate_descriptor(bad, NIXL, detach=False)
+    assert info.value.reason is R.MALFORMED_BLOCK_IDS
+
+
+@FAST
+@given(connector_and_descriptor)
 def test_valid_descriptor_passes_its_own_pinned_side_channel(
     case: tuple[str, dict[str, Any]],
 ) -> None:
