@@ -181,18 +181,14 @@ def main() -> None:
     try:
         fleet = start_fleet(stack, "cg", 1, 1, args.decode_s_per_token)
         for name in args.only:
-            counts = []
+            counts, outs = [], []
             for n in (args.base, args.base + args.requests):
                 argv, url = router_argv(name, fleet, workdir)
-                out = workdir / f"{name}-{n}.callgrind"
-                counts.append(serve_and_count(argv, url, n, args.tokens, out, args.cache_sim))
+                outs.append(workdir / f"{name}-{n}.callgrind")
+                counts.append(serve_and_count(argv, url, n, args.tokens, outs[-1], args.cache_sim))
                 print(f"{name}, {n} requests: {counts[-1]['Ir']:,} instructions", flush=True)
             if args.functions:
-                runs = [
-                    workdir / f"{name}-{n}.callgrind"
-                    for n in (args.base, args.base + args.requests)
-                ]
-                print_functions(runs[0], runs[1], args.requests, args.functions)
+                print_functions(outs[0], outs[1], args.requests, args.functions)
             per_request[name] = {
                 event: (counts[1][event] - counts[0][event]) / args.requests for event in counts[0]
             }
