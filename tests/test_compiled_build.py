@@ -15,12 +15,14 @@ import ast
 import gc
 import importlib
 import importlib.util
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+import narwhal
+from tests.compiled_stage import EXPECT_COMPILED, EXPECTED_BUILD
 
 SETUP = Path(__file__).resolve().parents[1] / "setup.py"
 
@@ -41,9 +43,12 @@ def test_compiled_list_names_real_modules() -> None:
         assert importlib.util.find_spec(name) is not None, name
 
 
-@pytest.mark.skipif(
-    os.environ.get("NARWHAL_EXPECT_COMPILED") != "1", reason="only against the compiled build"
-)
+def test_the_package_names_the_build_this_run_installed() -> None:
+    # what the startup line and narwhal_build_info report (tests/live check both)
+    assert narwhal.build() == EXPECTED_BUILD
+
+
+@pytest.mark.skipif(not EXPECT_COMPILED, reason="only against the compiled build")
 def test_listed_modules_are_compiled() -> None:
     for name in compiled_modules():
         module = importlib.import_module(name)

@@ -4,7 +4,6 @@ the code and not in the docs fails here."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from narwhal.core.injected_faults import (
     InjectedFault,
     World,
 )
+from tests.compiled_stage import EXPECT_COMPILED
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "faults.md"
 BEGIN, END = "<!-- fault table: begin -->", "<!-- fault table: end -->"
@@ -45,7 +45,7 @@ def fault_table() -> str:
 
 
 @pytest.mark.skipif(
-    os.environ.get("NARWHAL_EXPECT_COMPILED") == "1",
+    EXPECT_COMPILED,
     reason="the compiled build's stage runs a copy of tests/ without docs/",
 )
 def test_the_docs_table_is_the_vocabulary() -> None:

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from narwhal import build
+
 API_KEY_ENV = "NARWHAL_API_KEY"
 
 
@@ -145,7 +147,7 @@ def serve_command(args: argparse.Namespace) -> int:
         return 1
     print(
         f"narwhal: listening on http://{args.host}:{port_of(sock)} "
-        f"(api key {'required' if api_key else 'off'}); fleet:",
+        f"(api key {'required' if api_key else 'off'}, {build()} build); fleet:",
         file=sys.stderr,
         flush=True,
     )

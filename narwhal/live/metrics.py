@@ -36,7 +36,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from narwhal import __version__
+from narwhal import __version__, build
 from narwhal.core.admission import REFUSED
 from narwhal.core.breaker import EngineState
 from narwhal.core.policies import Policies
@@ -325,9 +325,12 @@ class RouterMetrics:
         self.counts = _RequestCounts()
         r.register(self.counts)
         self.build_info = Gauge(
-            "narwhal_build_info", "1, labelled with the build", ["version", "python"], registry=r
+            "narwhal_build_info",
+            "1, labelled with the build: version, Python, compiled or pure",
+            ["version", "python", "build"],
+            registry=r,
         )
-        self.build_info.labels(__version__, platform.python_version()).set(1)
+        self.build_info.labels(__version__, platform.python_version(), build()).set(1)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes...
         self.ejections = Counter(
             "narwhal_ejections", "engines ejected", ["engine", "reason"], registry=r

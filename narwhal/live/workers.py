@@ -52,6 +52,7 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from narwhal import build
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.policies import replica_seed
 
@@ -244,7 +245,7 @@ def serve_workers(args: argparse.Namespace, config: NarwhalConfig, api_key: str 
         return 2
     print(
         f"narwhal: listening on http://{args.host}:{port_of(supervisor_sock)} with "
-        f"{args.workers} workers (api key {'required' if api_key else 'off'})",
+        f"{args.workers} workers (api key {'required' if api_key else 'off'}, {build()} build)",
         file=sys.stderr,
         flush=True,
     )

@@ -22,6 +22,7 @@ import yaml
 
 from narwhal.core.records import Decision
 from narwhal.live.metrics import RouterMetrics
+from tests.compiled_stage import EXPECTED_BUILD
 from tests.live.conftest import HTTP, Emulator, RouterHandle
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -82,6 +83,11 @@ def test_every_queried_metric_is_exported(scraped: str) -> None:
     for source, names in _queried().items():
         assert names, source
         assert names <= exported, f"{source} queries metrics the router does not export"
+
+
+def test_build_info_names_the_build_that_serves(scraped: str) -> None:
+    (line,) = [line for line in scraped.splitlines() if line.startswith("narwhal_build_info{")]
+    assert f'build="{EXPECTED_BUILD}"' in line and line.endswith(" 1.0")
 
 
 def test_metrics_pass_promtool(scraped: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import tomli_w
 
 from narwhal.serving import bind, port_of
+from tests.compiled_stage import EXPECTED_BUILD
 from tests.live.conftest import HTTP, Emulator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,3 +56,4 @@ def test_stdout_holds_only_json_lines_and_people_read_stderr(
     lines = [json.loads(line) for line in out.splitlines()]  # every stdout line is JSON
     assert [line["event"] for line in lines] == ["request", "request"]
     assert f"listening on http://127.0.0.1:{port}" in err and producer.url in err
+    assert f"(api key off, {EXPECTED_BUILD} build)" in err  # which build serves

@@ -10,17 +10,16 @@ prefill (a KV cache of a few blocks).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.compiled_stage import EXPECT_COMPILED
 from tests.parity.schedules import cases, metrics_from_steps, simulated, vllm_steps
 
 CASES = cases()
 
 
 @pytest.mark.skipif(
-    os.environ.get("NARWHAL_EXPECT_COMPILED") == "1",
+    EXPECT_COMPILED,
     reason="tests/parity/closed.py wraps Scheduler methods on the instance, which a compiled "
     "class does not allow (the compiled stage holds the compiled build's runs to the pure "
     "build's byte for byte)",

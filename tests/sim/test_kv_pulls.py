@@ -14,7 +14,6 @@ the free blocks and each sequence's blocks after it.
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,12 +33,13 @@ from narwhal.sim.gpu.switches import FaultSwitches
 from narwhal.sim.gpu.wire import ERROR_500
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.timing import step_model
+from tests.compiled_stage import EXPECT_COMPILED
 
 # The harness observes the scheduler by wrapping its ``plan`` on the instance, which a mypyc
 # class refuses; the compiled build's scheduling is held to the pure build's by the
 # byte-identical ``narwhal simulate`` check of the compiled stage.
 pytestmark = pytest.mark.skipif(
-    os.environ.get("NARWHAL_EXPECT_COMPILED") == "1",
+    EXPECT_COMPILED,
     reason="wraps Scheduler.plan on the instance, which a compiled class does not allow",
 )
 

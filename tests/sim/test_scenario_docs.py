@@ -3,7 +3,6 @@ scenario model and not to the docs fails here (a scenario writer should never ne
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from narwhal.sim.faults import FaultSpec
 from narwhal.sim.scenario import FleetSettings, LinearTimingSettings, SimSettings
 from narwhal.sim.shared_context import RateStage, SharedContextSettings
 from narwhal.sim.workload import LengthDist, WorkloadSettings
+from tests.compiled_stage import EXPECT_COMPILED
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
 MODELS: tuple[type[BaseModel], ...] = (
@@ -21,9 +21,7 @@ MODELS: tuple[type[BaseModel], ...] = (
 )  # fmt: skip
 
 
-@pytest.mark.skipif(
-    os.environ.get("NARWHAL_EXPECT_COMPILED") == "1", reason="the compiled stage copies no docs/"
-)
+@pytest.mark.skipif(EXPECT_COMPILED, reason="the compiled stage copies no docs/")
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
 def test_every_scenario_key_is_in_the_reference(model: type[BaseModel]) -> None:
     text = DOC.read_text("utf-8")
