@@ -45,6 +45,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -85,6 +86,10 @@ def machine() -> dict[str, Any]:
         "cpu_model": model,
         "cores": os.cpu_count(),
         "python": platform.python_version(),
+        # which interpreter build ran every Python process (one venv's): a distribution's
+        # optimised build (PGO + LTO, as the container's) and a plain source build differ
+        "python_prefix": sys.base_prefix,
+        "python_config_args": sysconfig.get_config_var("CONFIG_ARGS"),
         "kernel": platform.release(),
         "loadavg_at_start": [round(x, 2) for x in load],
     }
