@@ -4,8 +4,9 @@
 ``COMPILED``) into the command line that starts it against a fleet, with the fault-handling
 settings of every router set to the closest equivalent of Narwhal's (``narwhal_config``,
 ``PEER_RESILIENCE``). ``wait_router`` says a router is ready only once a real completion through
-it comes back with the expected text. ``NARWHAL_BIN`` (``--narwhal-bin``) and ``PEER_POLICY``
-(``--peer-policy``) are set by the scripts before any router starts: one dict each, shared by
+it comes back with the expected text. ``NARWHAL_BIN`` (``--narwhal-bin``), ``NARWHAL_NAMED``
+(``router_cpu.py --narwhal-bin NAME=PATH``) and ``PEER_POLICY`` (``--peer-policy``) are set by
+the scripts before any router starts: one dict each, shared by
 every module that imports it, so assign to their keys, never rebind the names.
 """
 
@@ -26,6 +27,9 @@ ROUTERS = ("narwhal", "vllm-router", "smg", "naive", "aiohttp-relay")
 EXTRA = "narwhal-nodelay"  # Narwhal with TCP_NODELAY on its client side (--narwhal-nodelay)
 COMPILED = "narwhal-compiled"  # the mypyc build, scripts/build_compiled.sh (--narwhal-compiled)
 NARWHAL_COMPILED = ROOT / ".venv-compiled" / "bin" / "narwhal"
+# router_cpu.py --narwhal-bin NAME=PATH: more Narwhal executables, each measured under its name
+# (e.g. the same build in venvs of two interpreters); filled before any router starts
+NARWHAL_NAMED: dict[str, Path] = {}
 
 
 # The two Python proxies of this folder, each given the fleet as --prefill/--decode URLs: the
@@ -99,7 +103,7 @@ def router_spec(name: str, fleet: Fleet, workdir: Path, request_timeout: float) 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     timeout = str(int(request_timeout))
-    if name in ("narwhal", EXTRA, COMPILED):
+    if name in ("narwhal", EXTRA, COMPILED) or name in NARWHAL_NAMED:
         config = workdir / f"narwhal-{port}.toml"
         config.write_text(narwhal_config(fleet, request_timeout))
         argv = [str(NARWHAL_BIN["path"]), "serve", "--config", str(config), "--port", str(port)]
@@ -107,6 +111,8 @@ def router_spec(name: str, fleet: Fleet, workdir: Path, request_timeout: float) 
             argv[:1] = [str(PY), str(NODELAY)]
         elif name == COMPILED:
             argv[0] = str(NARWHAL_COMPILED)
+        elif name in NARWHAL_NAMED:
+            argv[0] = str(NARWHAL_NAMED[name])
         flags = (
             "first_token_timeout_s=1, decode_read_timeout_s=1, "
             f"request_timeout_s={timeout}, max_attempts=2, eject_after=2, probe_interval_s=5"

@@ -8,6 +8,8 @@ Usage::
     .venv/bin/python benchmarks/router_cpu.py --only narwhal narwhal-compiled vllm-router --rounds 5
     .venv/bin/python benchmarks/router_cpu.py --only narwhal narwhal-compiled vllm-router \
         --rounds 5 --rate 120
+    .venv/bin/python benchmarks/router_cpu.py --only narwhal-compiled vllm-router --rounds 5 \
+        --narwhal-bin compiled-other=OTHER/.venv-compiled/bin/narwhal
 
 The fleet, the routers and the load client are ``benchmarks/routers.py``'s (one producer, one
 consumer, every timing at 0; 16 closed-loop streamed completions of one token), ``--rounds``
@@ -21,7 +23,8 @@ routers at equal work (a rate the engines cannot keep up with ends the run: Narw
 first-token timeouts fail requests there). ``--perf`` records the router with ``perf record -F
 1999 -g`` during its second round and prints ``perf report``'s share of samples by shared
 object (``libpython`` is Python bytecode being run, ``loop.cpython`` uvloop, ``[kernel.kallsyms]``
-the system calls).
+the system calls). ``--narwhal-bin NAME=PATH`` adds a Narwhal executable of another venv (an
+interpreter's build, say) to the same alternated rounds.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cores  # this folder's: which core each process runs on
-from bench_routers import COMPILED, router_spec, wait_router
+from bench_routers import COMPILED, NARWHAL_NAMED, router_spec, wait_router
 from bench_stack import CLK_TCK, LoadGen, Stack, start_fleet
 
 NARWHALS = ("narwhal", COMPILED)  # --perf records each build of Narwhal
@@ -124,7 +127,23 @@ def main() -> None:
     parser.add_argument(
         "--rate", type=float, help="open loop: this many requests per second to every router"
     )
+    parser.add_argument(
+        "--narwhal-bin",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also measure the narwhal executable PATH under NAME (repeatable), e.g. the same "
+        "build installed with another interpreter",
+    )
     args = parser.parse_args()
+    for item in args.narwhal_bin:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not Path(path).is_file():
+            parser.error(f"--narwhal-bin {item!r}: expected NAME=PATH of an existing executable")
+        if name in args.only:
+            parser.error(f"--narwhal-bin {item!r}: {name} is already measured")
+        NARWHAL_NAMED[name] = Path(path).absolute()
+        args.only.append(name)
     print(cores.pin(not args.no_pin), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="narwhal-router-cpu-"))
     stack = Stack(workdir)
@@ -140,7 +159,8 @@ def main() -> None:
         totals: dict[str, list[float]] = {name: [] for name in specs}
         for round_index in range(args.rounds):
             for name, spec in specs.items():
-                profile = args.perf and round_index == 1 and name in NARWHALS
+                narwhal = name in NARWHALS or name in NARWHAL_NAMED
+                profile = args.perf and round_index == 1 and narwhal
                 recording = workdir / f"{name}.perf" if profile else None
                 served, user, system = measure(
                     loadgen, name, spec.url, stack.procs[name].pid, recording, args.rate
