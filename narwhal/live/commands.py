@@ -22,6 +22,11 @@ from narwhal import build
 API_KEY_ENV = "NARWHAL_API_KEY"
 
 
+def startup_note(api_key: str | None) -> str:
+    """What the startup line says of the process beside its address: auth and build."""
+    return f"(api key {'required' if api_key else 'off'}, {build()} build)"
+
+
 def register(subparsers: Any) -> None:
     """Add ``serve`` and ``preflight`` to the ``narwhal`` command."""
     serve = subparsers.add_parser("serve", help="run the router in front of the configured fleet")
@@ -147,7 +152,7 @@ def serve_command(args: argparse.Namespace) -> int:
         return 1
     print(
         f"narwhal: listening on http://{args.host}:{port_of(sock)} "
-        f"(api key {'required' if api_key else 'off'}, {build()} build); fleet:",
+        f"{startup_note(api_key)}; fleet:",
         file=sys.stderr,
         flush=True,
     )

@@ -52,7 +52,6 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from narwhal import build
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.policies import replica_seed
 
@@ -226,6 +225,7 @@ class Supervisor:
 
 def serve_workers(args: argparse.Namespace, config: NarwhalConfig, api_key: str | None) -> int:
     """``narwhal serve --workers N``: bind once, run N workers, supervise; the exit status."""
+    from narwhal.live.commands import startup_note
     from narwhal.serving import bind, port_of
 
     try:
@@ -245,7 +245,7 @@ def serve_workers(args: argparse.Namespace, config: NarwhalConfig, api_key: str 
         return 2
     print(
         f"narwhal: listening on http://{args.host}:{port_of(supervisor_sock)} with "
-        f"{args.workers} workers (api key {'required' if api_key else 'off'}, {build()} build)",
+        f"{args.workers} workers {startup_note(api_key)}",
         file=sys.stderr,
         flush=True,
     )
