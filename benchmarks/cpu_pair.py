@@ -16,9 +16,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from narwhal.vllm.handoff import wait_pair_ready  # noqa: E402
 from narwhal.vllm.processes import pair_specs, start_engines, stop_all  # noqa: E402
 from narwhal.vllm.tiny_model import build_in_venv  # noqa: E402
+from tests.vllm.handoff import wait_pair_ready  # noqa: E402
 
 
 @contextmanager
