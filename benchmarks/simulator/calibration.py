@@ -1,6 +1,6 @@
 """Simulated versus measured TTFT and TPOT on a real vLLM pair, in one command.
 
-    .venv/bin/python benchmarks/calibration.py [--producer URL --consumer URL] [--runs 2]
+    .venv/bin/python benchmarks/simulator/calibration.py [--producer URL --consumer URL] [--runs 2]
 
 Without ``--producer``/``--consumer`` it builds the tiny model and starts a NixlConnector
 producer/consumer pair of the CPU vLLM (``narwhal.vllm.processes``, ``.venv-vllm``), and stops it
@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from sim_speed import machine_reference_us  # noqa: E402
