@@ -57,9 +57,16 @@ class TensorParallelStep:
         return self.fixed_s + self.per_token_s * tokens
 
     def batch_s(
-        self, decodes: int, prefill_tokens: int, decode_context: int, prefill_pairs: float
+        self,
+        decodes: int,
+        prefill_tokens: int,
+        decode_context: int,
+        prefill_pairs: float,
+        prefill_seqs: int = 0,
     ) -> float:
-        shard = self.shard.batch_s(decodes, prefill_tokens, decode_context, prefill_pairs)
+        shard = self.shard.batch_s(
+            decodes, prefill_tokens, decode_context, prefill_pairs, prefill_seqs
+        )
         return shard + self.fixed_s + self.per_token_s * (decodes + prefill_tokens)
 
 
