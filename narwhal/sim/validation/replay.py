@@ -32,12 +32,14 @@ from narwhal.sim.gpu.prefix import prompt_text
 from narwhal.sim.gpu.sequence import SimStream
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.profiles import store
-from narwhal.sim.profiles.gpus import GPUS
-from narwhal.sim.profiles.opstep import OperatorStepTiming, capture_sizes
-from narwhal.sim.profiles.source import ModelConfig, ProfileError
+from narwhal.sim.profiles.gpus import GPUS, shape_of
+from narwhal.sim.profiles.opstep import capture_sizes
+from narwhal.sim.profiles.source import ProfileError
 from narwhal.sim.validation.runlog import RunLog
-from narwhal.sim.vllm_defaults import batch_defaults, kv_cache_budget
+from narwhal.sim.vllm_defaults import kv_cache_budget
 from narwhal.sim.model_shape import ModelShape
+from narwhal.sim.tensor_parallel import with_allreduce
+from narwhal.sim.timing import StepTiming
 
 
 @dataclass(frozen=True)
@@ -53,20 +55,6 @@ class Timed:
         if self.output <= 1:
             return None
         return (self.latency_s - self.ttft_s) / (self.output - 1)
-
-
-def shape_of(config: ModelConfig, tp: int) -> ModelShape:
-    return ModelShape(
-        name="profile",
-        hidden=config.hidden,
-        heads=config.heads,
-        kv_heads=config.kv_heads,
-        head_dim=config.head_dim,
-        inter=config.inter,
-        layers=config.layers,
-        vocab=config.vocab,
-        tp=tp,
-    )
 
 
 def num_blocks(run: RunLog, shape: ModelShape) -> int:
@@ -91,11 +79,12 @@ def num_blocks(run: RunLog, shape: ModelShape) -> int:
     return budget.num_blocks
 
 
-def engine_timing(run: RunLog, profile: dict[str, object]) -> tuple[EngineParams, OperatorStepTiming]:
+def engine_timing(run: RunLog, profile: dict[str, object]) -> tuple[EngineParams, StepTiming]:
     """The engine settings and the step timing that replay ``run`` with ``profile``."""
     engine = run.engine
     config = store.model_config(profile)  # type: ignore[arg-type]
     shape = shape_of(config, engine.tensor_parallel)
+    timing: StepTiming
     if engine.enforce_eager:
         graphs: tuple[int, ...] = ()
     else:
@@ -106,6 +95,9 @@ def engine_timing(run: RunLog, profile: dict[str, object]) -> tuple[EngineParams
         shape.kv_bytes_per_token_per_rank * engine.tensor_parallel,
         graphs,
     )
+    if run.gpu in GPUS and shape.tp > 1:
+        link = GPUS[run.gpu]
+        timing = with_allreduce(timing, shape, link.allreduce_gbps, link.allreduce_latency_us / 1e6)
     params = EngineParams(
         model=engine.model,
         max_num_seqs=engine.max_num_seqs,
@@ -127,7 +119,6 @@ def replay(run: RunLog, profile: dict[str, object], seed: int = 0) -> list[Timed
             "engines only"
         )
     params, timing = engine_timing(run, profile)
-    batch_defaults(1, "")  # (imported for its documentation; the run's limits are explicit)
     env = simpy.Environment()
     registry: Registry = {}
     net = KvNetwork(env, bandwidth_gbps=1e9, setup_s=0.0)
@@ -139,13 +130,15 @@ def replay(run: RunLog, profile: dict[str, object], seed: int = 0) -> list[Timed
     streams: list[SimStream | None] = [None] * len(run.requests)
 
     def arrivals() -> Iterator[simpy.Event]:
-        for i, request in enumerate(run.requests):
+        order = sorted(range(len(run.requests)), key=lambda i: run.requests[i].arrival_s)
+        for i in order:
+            request = run.requests[i]
             delay = request.arrival_s - env.now
             if delay > 0:
                 yield env.timeout(delay)
             body = {
                 "model": params.model,
-                "prompt": prompt_text(request.prompt, (), i),
+                "prompt": prompt_text(request.prompt, request.segments, i),
                 "max_tokens": request.output,
                 "ignore_eos": True,
                 "stream": True,

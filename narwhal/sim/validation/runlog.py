@@ -9,12 +9,20 @@ run directory lacking a file or a field the replay needs is refused with its nam
 
 Theory of operation: ``RUN_DIR`` is ``bench/examples/<GPU>/<model>/`` (its ``vllm/`` holds
 ``meta.json`` and ``requests.jsonl``) or that ``vllm/`` directory itself; ``config.json`` beside
-``vllm/``, where present, gives the cluster (instances, prefill/decode roles).
+``vllm/``, where present, gives the cluster (instances, prefill/decode roles). The prompts'
+token ids, where the run's dataset can be found (``meta.json``'s ``dataset_path``, as
+``dataset.jsonl`` or ``dataset.jsonl.xz`` in the run directory or under the LLMServingSim
+checkout the run sits in, checked against ``dataset_hash``), give each prompt's content
+identity block by block (:func:`prompt_segments`), so the simulated prefix cache hits where
+vLLM's did; without it every prompt is unique (no prefix hits), and the replay says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import lzma
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,11 +34,14 @@ REQUEST_FIELDS = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "l
 
 @dataclass(frozen=True)
 class RunRequest:
+    """One request of the run, in the file's order (the dataset's row order)."""
+
     arrival_s: float  # queued_ts, from the run's first
     prompt: int
     output: int
     ttft_s: float
     latency_s: float
+    segments: tuple[tuple[int, int], ...] = ()  # prompt content identity, where the run has it
 
     @property
     def tpot_s(self) -> float | None:
@@ -69,6 +80,7 @@ class RunLog:
     instances: int
     disaggregated: bool
     requests: tuple[RunRequest, ...]
+    dataset: Path | None = None  # where the prompts' token ids came from
 
 
 def _vllm_dir(run_dir: Path) -> Path:
@@ -95,7 +107,6 @@ def read_requests(path: Path) -> tuple[RunRequest, ...]:
     if not raw:
         raise ProfileError(f"{path}: no requests")
     start = min(float(r["queued_ts"]) for r in raw)
-    rows = sorted(raw, key=lambda r: float(r["queued_ts"]))
     return tuple(
         RunRequest(
             arrival_s=float(r["queued_ts"]) - start,
@@ -104,7 +115,7 @@ def read_requests(path: Path) -> tuple[RunRequest, ...]:
             ttft_s=float(r["first_token_ts"]) - float(r["queued_ts"]),
             latency_s=float(r["last_token_ts"]) - float(r["queued_ts"]),
         )
-        for r in rows
+        for r in raw
     )
 
 
@@ -173,13 +184,92 @@ def read_run(run_dir: Path) -> RunLog:
     data_parallel = int((meta.get("engine_kwargs") or {}).get("data_parallel_size") or 1)
     instances = max(instances, data_parallel)
     gpu = vllm_dir.parent.parent.name if vllm_dir.name == "vllm" else vllm_dir.parent.name
+    requests = read_requests(vllm_dir / "requests.jsonl")
+    dataset = find_dataset(vllm_dir, meta)
+    if dataset is not None:
+        requests = with_segments(requests, dataset, engine.block_size)
     return RunLog(
         path=run_dir,
         gpu=gpu,
         engine=engine,
         instances=instances,
         disaggregated=disaggregated,
-        requests=read_requests(vllm_dir / "requests.jsonl"),
+        requests=requests,
+        dataset=dataset,
+    )
+
+
+def find_dataset(vllm_dir: Path, meta: dict[str, Any]) -> Path | None:
+    """The run's dataset file, if it is where a run keeps it and its hash is the recorded one."""
+    name = meta.get("dataset_path")
+    digest = meta.get("dataset_hash")
+    if not isinstance(name, str) or not isinstance(digest, str):
+        return None
+    run_dir = vllm_dir.parent if vllm_dir.name == "vllm" else vllm_dir
+    candidates = [run_dir / "dataset.jsonl", run_dir / "dataset.jsonl.xz"]
+    if len(run_dir.resolve().parents) > 2:
+        candidates.append(run_dir.resolve().parents[2] / name)
+    for path in candidates:
+        if path.is_file():
+            if hashlib.sha256(_dataset_bytes(path)).hexdigest() != digest:
+                raise ProfileError(f"{path}: its sha256 is not meta.json's dataset_hash")
+            return path
+    return None
+
+
+def _dataset_bytes(path: Path) -> bytes:
+    data = path.read_bytes()
+    return lzma.decompress(data) if path.suffix == ".xz" else data
+
+
+def prompt_segments(
+    token_ids: list[list[int]], block_size: int
+) -> list[tuple[tuple[int, int], ...]]:
+    """Each prompt's content identity: one segment per full block, numbered so that a segment
+    id names the block and everything before it (the chain vLLM's block hashes form), and a
+    last segment unique to the prompt for its partial block."""
+    chain: dict[tuple[int, tuple[int, ...]], int] = {}
+    out = []
+    for ids in token_ids:
+        segments: list[tuple[int, int]] = []
+        parent = -1
+        full = len(ids) // block_size * block_size
+        for start in range(0, full, block_size):
+            key = (parent, tuple(ids[start : start + block_size]))
+            parent = chain.setdefault(key, len(chain))
+            segments.append((parent, block_size))
+        if len(ids) > full:
+            segments.append((-1, len(ids) - full))  # renumbered below: unique to this prompt
+        out.append(segments)
+    fresh = len(chain)
+    result = []
+    for segments in out:
+        renumbered = []
+        for segment_id, length in segments:
+            if segment_id < 0:
+                segment_id, fresh = fresh, fresh + 1
+            renumbered.append((segment_id, length))
+        result.append(tuple(renumbered))
+    return result
+
+
+def with_segments(
+    requests: tuple[RunRequest, ...], dataset: Path, block_size: int
+) -> tuple[RunRequest, ...]:
+    """``requests`` with the segments of the dataset's prompts (row ``i`` is request ``i`` in
+    arrival order; a row whose length disagrees with the request's is refused)."""
+    rows = [json.loads(line) for line in _dataset_bytes(dataset).splitlines() if line.strip()]
+    if len(rows) != len(requests):
+        raise ProfileError(f"{dataset}: {len(rows)} prompts for {len(requests)} requests")
+    ids = []
+    for number, (row, request) in enumerate(zip(rows, requests, strict=True), 1):
+        tokens = row.get("input_tok_ids")
+        if not isinstance(tokens, list) or len(tokens) != request.prompt:
+            raise ProfileError(f"{dataset}:{number}: input_tok_ids do not match input_toks")
+        ids.append(tokens)
+    return tuple(
+        dataclasses.replace(request, segments=segments)
+        for request, segments in zip(requests, prompt_segments(ids, block_size), strict=True)
     )
 
 
