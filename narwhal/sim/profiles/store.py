@@ -68,7 +68,7 @@ def from_source(source: SourceProfile, origin: str) -> dict[str, Any]:
 
 def write(profile: dict[str, Any], path: Path) -> None:
     data = json.dumps(profile, separators=(",", ":"), sort_keys=True).encode()
-    with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:
+    with path.open("wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as out:
         out.write(data)
 
 
