@@ -56,9 +56,8 @@ def write_profile(root: Path, moe: bool = False) -> Path:
             for decodes in (0, 1, 4):
                 for ctx in (16, 32, 64) if decodes else (0,):
                     if chunk or decodes:
-                        attn.append(
-                            f"{chunk},{cached},{decodes},{ctx},{_attn_us(chunk, cached, decodes, ctx)}"
-                        )
+                        us = _attn_us(chunk, cached, decodes, ctx)
+                        attn.append(f"{chunk},{cached},{decodes},{ctx},{us}")
     (tp1 / "attention.csv").write_text("\n".join(attn) + "\n")
     if moe:
         (tp1 / "moe.csv").write_text("tokens,time_us\n1,1\n")
@@ -100,7 +99,7 @@ def test_same_input_gives_the_same_profile_bytes(tmp_path):
 
 
 def test_a_moe_profile_is_refused(tmp_path):
-    with pytest.raises(source.ProfileError, match="moe.csv"):
+    with pytest.raises(source.ProfileError, match=r"moe\.csv"):
         source.read_profile(write_profile(tmp_path, moe=True))
 
 
@@ -109,10 +108,10 @@ def test_missing_pieces_are_named(tmp_path, capsys):
     (profile_dir / "tp1" / "attention.csv").unlink()
     assert main(["profile", "import", str(profile_dir), "--out", str(tmp_path / "x")]) == 2
     assert "attention.csv: missing" in capsys.readouterr().err
-    with pytest.raises(source.ProfileError, match="meta.yaml: missing"):
+    with pytest.raises(source.ProfileError, match=r"meta\.yaml: missing"):
         source.read_profile(tmp_path)
     (tmp_path / "configs" / "model" / "org" / "toy.json").unlink()
-    with pytest.raises(source.ProfileError, match="no model config for org/toy"):
+    with pytest.raises(source.ProfileError, match=r"no model config for org/toy"):
         source.read_profile(profile_dir)
 
 

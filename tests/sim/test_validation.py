@@ -29,10 +29,19 @@ def small_run(tmp_path: Path, rows: list[tuple[float, int, int]]) -> Path:
     shutil.copy(PRO6000 / "vllm" / "meta.json", run / "meta.json")
     with (run / "requests.jsonl").open("w") as handle:
         for i, (t, prompt, output) in enumerate(rows):
-            handle.write(json.dumps({
-                "request_id": f"bench-{i}", "input_toks": prompt, "output_toks": output,
-                "queued_ts": t, "first_token_ts": t + 0.1, "last_token_ts": t + 0.1 + output,
-            }) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "request_id": f"bench-{i}",
+                        "input_toks": prompt,
+                        "output_toks": output,
+                        "queued_ts": t,
+                        "first_token_ts": t + 0.1,
+                        "last_token_ts": t + 0.1 + output,
+                    }
+                )
+                + "\n"
+            )
     return run.parent
 
 
@@ -111,11 +120,17 @@ def test_rtx4090_run_stays_within_the_accuracy_goal():
 def test_a_scenario_runs_on_a_bundled_gpu_profile_with_a_real_runs_workload():
     from narwhal.sim.runner import run
 
-    scenario = parse_scenario({
-        "fleet": {"gpu": "RTXPRO6000", "model": "meta-llama/Llama-3.1-8B",
-                  "prefill": 1, "decode": 1},
-        "workload": {"kind": "run", "run": str(PRO6000)},
-    })
+    scenario = parse_scenario(
+        {
+            "fleet": {
+                "gpu": "RTXPRO6000",
+                "model": "meta-llama/Llama-3.1-8B",
+                "prefill": 1,
+                "decode": 1,
+            },
+            "workload": {"kind": "run", "run": str(PRO6000)},
+        }
+    )
     assert scenario.fleet.kv_budget().num_blocks == pytest.approx(35_913, rel=0.01)
     result = run(scenario)
     assert len(result.records) == 300
@@ -125,5 +140,5 @@ def test_a_scenario_runs_on_a_bundled_gpu_profile_with_a_real_runs_workload():
 def test_unknown_gpu_or_model_lists_what_exists():
     with pytest.raises(ScenarioError, match="known: H200, RTX4090, RTXPRO6000"):
         parse_scenario({"fleet": {"gpu": "B200", "prefill": 1, "decode": 1}})
-    with pytest.raises(ScenarioError, match="bundled: RTX4090 meta-llama/Llama-3.1-8B"):
+    with pytest.raises(ScenarioError, match=r"bundled: RTX4090 meta-llama/Llama-3\.1-8B"):
         parse_scenario({"fleet": {"gpu": "RTX4090", "model": "x/y", "both": 1}})

@@ -158,7 +158,8 @@ def residuals(profile: dict[str, Any]) -> list[tuple[int, str, int, float, float
             errors = [abs(e) for e in leave_one_out(Curve(map(tuple, pts)))]
             if errors:
                 out.append((int(tp_text), name, len(errors), mean(errors), max(errors)))
-        grid_errors = [abs(e) for e in AttentionGrid(map(tuple, tables["attention"])).leave_one_out()]
+        grid = AttentionGrid(map(tuple, tables["attention"]))
+        grid_errors = [abs(e) for e in grid.leave_one_out()]
         if grid_errors:
             out.append(
                 (int(tp_text), "attention", len(grid_errors), mean(grid_errors), max(grid_errors))
@@ -166,4 +167,4 @@ def residuals(profile: dict[str, Any]) -> list[tuple[int, str, int, float, float
     return out
 
 
-__all__ = ["capture_sizes", "ProfileError"]
+__all__ = ["ProfileError", "capture_sizes"]

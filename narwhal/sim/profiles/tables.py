@@ -104,9 +104,7 @@ class AttentionGrid:
     def _corner(self, chunk: float, decodes: float, cached: float, ctx: float) -> float:
         piece = self.slices.get((chunk, decodes))
         if piece is None:
-            nearest = min(
-                self.slices, key=lambda key: (abs(key[0] - chunk), abs(key[1] - decodes))
-            )
+            nearest = min(self.slices, key=lambda key: (abs(key[0] - chunk), abs(key[1] - decodes)))
             piece = self.slices[nearest]
             self.slices[(chunk, decodes)] = piece  # remembered: the lookup is on the hot path
         return piece.at(cached, ctx)

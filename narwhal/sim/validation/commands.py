@@ -31,8 +31,9 @@ def register(subparsers: Any) -> None:
         help="LLMServingSim profile directory (profiler/perf/<GPU>/<org>/<model>/<dtype>/) or "
         "a Narwhal profile file; default: the bundled profile of the run's GPU and model",
     )
-    parser.add_argument("--out", type=Path, default=None, help="write validation.json, cdf.csv "
-                        "and cdf.png here")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="write validation.json, cdf.csv and cdf.png here"
+    )
     parser.set_defaults(func=_validate)
 
     profile = subparsers.add_parser(
@@ -49,9 +50,13 @@ def register(subparsers: Any) -> None:
         ),
     )
     imp.add_argument("profile_dir", type=Path, help="profiler/perf/<GPU>/<org>/<model>/<dtype>/")
-    imp.add_argument("--model-config", type=Path, default=None,
-                     help="the model's Hugging Face config.json (default: found beside the "
-                     "profile or in the LLMServingSim checkout)")
+    imp.add_argument(
+        "--model-config",
+        type=Path,
+        default=None,
+        help="the model's Hugging Face config.json (default: found beside the "
+        "profile or in the LLMServingSim checkout)",
+    )
     imp.add_argument("--out", type=Path, required=True, help="the profile file to write")
     imp.set_defaults(func=_import)
     profile.set_defaults(func=lambda args: (profile.print_help(), 2)[1])

@@ -18,8 +18,9 @@ run has drained.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
+from typing import Any
 
 import simpy
 
@@ -31,15 +32,15 @@ from narwhal.sim.gpu.params import EngineParams
 from narwhal.sim.gpu.prefix import prompt_text
 from narwhal.sim.gpu.sequence import SimStream
 from narwhal.sim.kvnet import KvNetwork
+from narwhal.sim.model_shape import ModelShape
 from narwhal.sim.profiles import store
 from narwhal.sim.profiles.gpus import GPUS, shape_of
 from narwhal.sim.profiles.opstep import capture_sizes
 from narwhal.sim.profiles.source import ProfileError
-from narwhal.sim.validation.runlog import RunLog
-from narwhal.sim.vllm_defaults import kv_cache_budget
-from narwhal.sim.model_shape import ModelShape
 from narwhal.sim.tensor_parallel import with_allreduce
 from narwhal.sim.timing import StepTiming
+from narwhal.sim.validation.runlog import RunLog
+from narwhal.sim.vllm_defaults import kv_cache_budget
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,13 @@ def num_blocks(run: RunLog, shape: ModelShape) -> int:
     return budget.num_blocks
 
 
-def engine_timing(run: RunLog, profile: dict[str, object]) -> tuple[EngineParams, StepTiming]:
-    """The engine settings and the step timing that replay ``run`` with ``profile``."""
+def engine_timing(
+    run: RunLog, profile: dict[str, Any], allreduce: bool = True
+) -> tuple[EngineParams, StepTiming]:
+    """The engine settings and the step timing that replay ``run`` with ``profile``
+    (``allreduce``: a TP > 1 engine's all-reduces, on by default; off to measure their share)."""
     engine = run.engine
-    config = store.model_config(profile)  # type: ignore[arg-type]
+    config = store.model_config(profile)
     shape = shape_of(config, engine.tensor_parallel)
     timing: StepTiming
     if engine.enforce_eager:
@@ -90,12 +94,12 @@ def engine_timing(run: RunLog, profile: dict[str, object]) -> tuple[EngineParams
     else:
         graphs = engine.capture_sizes or capture_sizes(engine.max_num_seqs)
     timing = store.timing(
-        profile,  # type: ignore[arg-type]
+        profile,
         engine.tensor_parallel,
         shape.kv_bytes_per_token_per_rank * engine.tensor_parallel,
         graphs,
     )
-    if run.gpu in GPUS and shape.tp > 1:
+    if allreduce and run.gpu in GPUS and shape.tp > 1:
         link = GPUS[run.gpu]
         timing = with_allreduce(timing, shape, link.allreduce_gbps, link.allreduce_latency_us / 1e6)
     params = EngineParams(
@@ -111,25 +115,35 @@ def engine_timing(run: RunLog, profile: dict[str, object]) -> tuple[EngineParams
     return params, timing
 
 
-def replay(run: RunLog, profile: dict[str, object], seed: int = 0) -> list[Timed]:
+def replay(
+    run: RunLog, profile: dict[str, Any], seed: int = 0, allreduce: bool = True
+) -> list[Timed]:
     """Simulate ``run`` with ``profile``; the timing of each request, in the run's order."""
     if run.disaggregated:
         raise ProfileError(
             f"{run.path}: a disaggregated (prefill/decode) run; the replay covers colocated "
             "engines only"
         )
-    params, timing = engine_timing(run, profile)
+    params, timing = engine_timing(run, profile, allreduce)
     env = simpy.Environment()
     registry: Registry = {}
     net = KvNetwork(env, bandwidth_gbps=1e9, setup_s=0.0)
     engines = [
-        SimEngine(env, f"http://replay-{i}", i, params, timing, net, registry,
-                  random.Random(f"{seed}/{i}"))
+        SimEngine(
+            env,
+            f"http://replay-{i}",
+            i,
+            params,
+            timing,
+            net,
+            registry,
+            random.Random(f"{seed}/{i}"),
+        )
         for i in range(run.instances)
     ]
     streams: list[SimStream | None] = [None] * len(run.requests)
 
-    def arrivals() -> Iterator[simpy.Event]:
+    def arrivals() -> Generator[simpy.Event, object, None]:
         order = sorted(range(len(run.requests)), key=lambda i: run.requests[i].arrival_s)
         for i in order:
             request = run.requests[i]
@@ -156,6 +170,7 @@ def replay(run: RunLog, profile: dict[str, object], seed: int = 0) -> list[Timed
         stamps = [t for t, data in stream.buffer if data is not DONE and data != DONE]
         if not stamps or stream.ended is None:
             raise ProfileError(f"request {i} did not finish in the replay")
-        out.append(Timed(stamps[0] - request.arrival_s, stamps[-1] - request.arrival_s,
-                         request.output))
+        out.append(
+            Timed(stamps[0] - request.arrival_s, stamps[-1] - request.arrival_s, request.output)
+        )
     return out

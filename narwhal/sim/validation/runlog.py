@@ -157,9 +157,7 @@ def _engine(meta: dict[str, Any], where: Path) -> EngineSetup:
         tensor_parallel=int(kwargs.get("tensor_parallel_size") or 1),
         enforce_eager=bool(pick(model_config.get("enforce_eager"), False, "enforce_eager")),
         capture_sizes=tuple(int(s) for s in sizes) if sizes else None,
-        async_scheduling=bool(
-            pick(scheduler.get("async_scheduling"), True, "async_scheduling")
-        ),
+        async_scheduling=bool(pick(scheduler.get("async_scheduling"), True, "async_scheduling")),
         defaulted=tuple(defaulted),
     )
 
