@@ -25,7 +25,7 @@ from typing import Any, Final, Protocol
 
 from narwhal.core.ports import Burst, ChunkResult, ConnectFailed, StreamEnd
 from narwhal.core.wire import ChunkWriter
-from narwhal.sim.gpu.prefix import BlockKey
+from narwhal.engines.block_pool import BlockKey
 
 
 class SeqState(enum.Enum):
