@@ -5,11 +5,12 @@ plans, and a router's CPU per request and per streamed chunk is what bounds a co
 So the modules a simulated request and a served request pass through (the core's request path,
 the simulated engine and its driver, the live HTTP server, engine client and transport) are
 compiled to C from the same typed sources: about 2.4 times fewer instructions per simulated
-request (``benchmarks/sim_instructions.py``) and about two thirds of the user-space
-instructions per served request and per streamed chunk (``benchmarks/router_instructions.py``);
-docs/simulator.md (Speed) and docs/benchmarks.md have the figures. Nothing changes in what
-they do: CI runs the default test suite against the compiled build and checks that ``narwhal
-simulate`` writes byte-identical results with it. A plain ``pip install`` (editable or not)
+request (``benchmarks/simulator/sim_instructions.py``) and about two thirds of the
+user-space instructions per served request and per streamed chunk
+(``benchmarks/router/router_instructions.py``); docs/simulator.md (Speed) and
+docs/benchmarks.md have the figures. Nothing changes in what they do: CI runs the default
+test suite against the compiled build and checks that ``narwhal simulate`` writes
+byte-identical results with it. A plain ``pip install`` (editable or not)
 stays pure Python, so an edited source is always the code that runs; the container image
 (``deploy/Containerfile``) installs the compiled wheel.
 
@@ -31,7 +32,7 @@ from setuptools import setup
 # pydantic models (mypyc cannot compile their metaclass), ones with async generators
 # (narwhal/live/app.py's lifespan), subclasses of OSError (narwhal/live/h1errors.py),
 # narwhal/live/inference.py (compiled, a served request took 2 % more instructions,
-# benchmarks/router_instructions.py) and everything off the hot path.
+# benchmarks/router/router_instructions.py) and everything off the hot path.
 COMPILED = [
     "narwhal/core/breaker.py",
     "narwhal/core/descriptor.py",

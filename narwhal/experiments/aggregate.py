@@ -3,6 +3,10 @@
 Rule kept here: aggregation is a pure function of the plan and the outcomes in plan order, and
 its CSV text is byte-stable (fixed column order, floats rounded to 6 decimals, no wall time).
 
+A :class:`SweepResult` is what a finished sweep adds up to (its plan, outcomes and both kinds of
+rows): :mod:`narwhal.experiments.sweep` makes it and :mod:`narwhal.experiments.figures` draws it,
+so it lives here, below both.
+
 Theory of operation. A *run row* is one simulation: point, replicate, rate multiplier, seed,
 the point's parameters and fleet counts, then the worker's metrics. A *point row* averages a
 point's runs over replicates; with ``[goodput]`` only the runs at the reference multiplier
@@ -27,14 +31,40 @@ import csv
 import io
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from narwhal.experiments.plan import Plan
+from narwhal.experiments.spec_model import SweepSpec
 from narwhal.experiments.worker import ERROR_PREFIX, METRIC_FIELDS, RunOutcome
 from narwhal.sim.results import goodput
 
 FLEET_FIELDS = ("prefill", "decode", "both", "engines")
 SPREAD_FIELDS = ("success_pct", "first_byte_p99_s", "slo_attainment_pct")
+
+
+@dataclass
+class SweepResult:
+    """A finished sweep: the spec as run, its plan, every run's outcome and the rows made of
+    them (what ``--out`` gets and what a recipe draws)."""
+
+    spec: SweepSpec
+    plan: Plan
+    outcomes: list[RunOutcome]
+    run_fields: list[str]
+    runs: list[dict[str, Any]]
+    point_fields: list[str]
+    points: list[dict[str, Any]]
+    quick: bool = False
+
+    @property
+    def wall_s(self) -> float:
+        """CPU-side wall time summed over runs (informational only)."""
+        return sum(o.wall_s for o in self.outcomes)
+
+    @property
+    def requests(self) -> int:
+        return sum(int(o.metrics["requests"]) for o in self.outcomes)
 
 
 def mean_curve(runs: list[dict[str, Any]]) -> list[tuple[float, float]]:

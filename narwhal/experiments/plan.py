@@ -28,7 +28,8 @@ from typing import Any
 
 from narwhal.config_file import parse_toml
 from narwhal.experiments.overrides import apply, resolve, scale_rate
-from narwhal.experiments.spec import Case, SpecError, SweepSpec
+from narwhal.experiments.spec import SpecError
+from narwhal.experiments.spec_model import Case, SweepSpec
 from narwhal.sim.scenario import ScenarioError, default_scenario_text, parse_scenario
 
 SEED_DOMAIN = "narwhal-sweep/1"

@@ -30,14 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from narwhal.core.config import RoutingSettings
-
-if TYPE_CHECKING:
-    from narwhal.experiments.spec import SweepSpec
+from narwhal.experiments.spec_model import SweepSpec
 
 
 class Options(BaseModel):

@@ -1,167 +1,36 @@
-"""Sweep specs: one TOML file says which scenario to vary, how, how often, and what to draw.
+"""Sweep spec files: read one TOML file and accept it whole, or refuse it naming every bad key.
 
 Rule kept here: a spec is refused as a whole, before anything runs, and every refusal names the
 offending key as a dotted path (``grid.recovery.eject_aftr: ...``). Spec keys are validated by
-pydantic here; whether an override makes a valid *scenario* is checked by building every
-point's scenario with the simulator's own parser (:mod:`narwhal.experiments.plan`).
+pydantic (the models are :mod:`narwhal.experiments.spec_model`, which documents the sections);
+whether an override makes a valid *scenario* is checked by building every point's scenario with
+the simulator's own parser (:mod:`narwhal.experiments.plan`).
 
-Theory of operation: the sections are
-
-- ``[sweep]``: ``name``, ``description``, ``scenario`` (a scenario TOML path relative to the spec
-  file; omitted: the simulator's embedded default), ``seed``, ``replicates``, ``seed_by``
-  (``"point"``: every point and replicate draws independently; ``"replicate"``: common random
-  numbers, every point of one replicate sees the same arrivals and fault history), ``recipe``.
-- ``[base]``: overrides applied to the scenario first (dotted keys, e.g.
-  ``"fleet.stream_interval" = 16``; nested tables are read as dotted keys too).
-- ``[grid]``: axes, each a dotted key and a non-empty list of values; points are their cartesian
-  product (``"recovery.eject_after" = [1, 2, 3, 5]``).
-- ``[[cases]]``: a labelled axis of override bundles (``label = "2 attempts"``,
-  ``set = {"recovery.max_attempts" = 2, ...}``), crossed with the grid.
-- ``[goodput]``: run every point at each of ``rate_multipliers`` (x the point's engine count
-  when ``per_engine``) to find DistServe's goodput; ``report_at`` is the multiplier whose runs
-  give the point's other metrics.
-- ``[figure]``: the recipe's options (validated by the recipe).
-- ``[quick]``: what ``--quick`` replaces (``replicates``, ``base``, ``grid`` axes' values,
-  ``cases`` labels kept, ``goodput``) so a test can run the same recipe in seconds.
-
-Besides scenario keys, overrides may use derived keys (:mod:`narwhal.experiments.overrides`):
-``fleet.size``, ``fleet.pd_ratio`` and ``workload.rate_multiplier``.
+Theory of operation: :func:`parse_spec` flattens nested override tables into dotted keys,
+checks every override key (:func:`narwhal.experiments.overrides.check_key`), validates the
+sections into a :class:`~narwhal.experiments.spec_model.SweepSpec`, then checks what pydantic
+cannot state field by field (cross-section rules, ``[quick]`` against the full spec, the
+recipe's own requirements from :mod:`narwhal.experiments.recipes`), collecting every problem
+before raising one :class:`SpecError`.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError
 
 from narwhal.config_file import read_toml
 from narwhal.core.config import validation_problems
 from narwhal.experiments.overrides import check_key, flatten
 from narwhal.experiments.recipes import RECIPES, check_options
-
-SPEC_SECTIONS = ("sweep", "base", "grid", "cases", "goodput", "figure", "quick")
+from narwhal.experiments.spec_model import SPEC_SECTIONS, GoodputSettings, QuickGoodput, SweepSpec
 
 
 class SpecError(ValueError):
     """A sweep spec was refused; the message names every bad key."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SweepSettings(_Strict):
-    """``[sweep]``."""
-
-    name: str = "sweep"
-    description: str = ""
-    scenario: str | None = None  # relative to the spec file; None: the embedded default
-    seed: int = 0
-    replicates: int = Field(1, ge=1, le=1000)
-    seed_by: Literal["point", "replicate"] = "point"
-    recipe: str | None = None
-
-
-class GoodputSettings(_Strict):
-    """``[goodput]``: the inner rate axis that DistServe's goodput needs."""
-
-    rate_multipliers: tuple[float, ...] = Field(min_length=1)
-    per_engine: bool = False
-    report_at: float | None = None  # None: the lowest multiplier
-    attainment_pct: float = Field(90.0, gt=0, le=100)  # DistServe's bar
-
-    @field_validator("rate_multipliers")
-    @classmethod
-    def _increasing(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        if any(m <= 0 for m in value):
-            raise ValueError("every rate multiplier must be > 0")
-        if list(value) != sorted(set(value)):
-            raise ValueError("rate multipliers must be strictly increasing")
-        return value
-
-    def reference(self) -> float:
-        return self.rate_multipliers[0] if self.report_at is None else self.report_at
-
-
-class Case(_Strict):
-    """One ``[[cases]]`` entry: a labelled bundle of overrides."""
-
-    label: str = Field(min_length=1)
-    set: dict[str, Any] = Field(default_factory=dict)
-
-
-class QuickGoodput(_Strict):
-    rate_multipliers: tuple[float, ...] | None = None
-    report_at: float | None = None
-
-
-class QuickSettings(_Strict):
-    """``[quick]``: the shrunken sweep ``--quick`` runs."""
-
-    replicates: int | None = Field(None, ge=1)
-    base: dict[str, Any] = Field(default_factory=dict)
-    grid: dict[str, list[Any]] = Field(default_factory=dict)
-    cases: list[str] | None = None  # labels kept
-    goodput: QuickGoodput | None = None
-
-
-class SweepSpec(_Strict):
-    """A validated sweep spec (``source`` is where it was read, for relative paths)."""
-
-    sweep: SweepSettings = SweepSettings()
-    base: dict[str, Any] = Field(default_factory=dict)
-    grid: dict[str, list[Any]] = Field(default_factory=dict)
-    cases: tuple[Case, ...] = ()
-    goodput: GoodputSettings | None = None
-    figure: dict[str, Any] = Field(default_factory=dict)
-    quick: QuickSettings | None = None
-    source: str = "<spec>"
-
-    def scenario_path(self) -> Path | None:
-        if self.sweep.scenario is None:
-            return None
-        path = Path(self.sweep.scenario)
-        if path.is_absolute() or self.source.startswith("<"):
-            return path
-        return Path(self.source).parent / path
-
-    def with_seed(self, seed: int | None) -> SweepSpec:
-        if seed is None:
-            return self
-        return self.model_copy(update={"sweep": self.sweep.model_copy(update={"seed": seed})})
-
-    def quick_version(self) -> SweepSpec:
-        """The spec with ``[quick]`` applied (unchanged when there is none)."""
-        quick = self.quick
-        if quick is None:
-            return self
-        sweep = self.sweep
-        if quick.replicates is not None:
-            sweep = sweep.model_copy(update={"replicates": quick.replicates})
-        grid = {key: quick.grid.get(key, values) for key, values in self.grid.items()}
-        cases = self.cases
-        if quick.cases is not None:
-            cases = tuple(c for c in self.cases if c.label in quick.cases)
-        goodput = self.goodput
-        if goodput is not None and quick.goodput is not None:
-            update: dict[str, Any] = {}
-            if quick.goodput.rate_multipliers is not None:
-                update["rate_multipliers"] = quick.goodput.rate_multipliers
-            if quick.goodput.report_at is not None:
-                update["report_at"] = quick.goodput.report_at
-            goodput = goodput.model_copy(update=update)
-        return self.model_copy(
-            update={
-                "sweep": sweep,
-                "base": {**self.base, **quick.base},
-                "grid": grid,
-                "cases": cases,
-                "goodput": goodput,
-                "quick": None,
-            }
-        )
 
 
 def _format(error: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:

@@ -24,38 +24,16 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from narwhal.experiments.aggregate import csv_text, point_rows, run_rows
+from narwhal.experiments.aggregate import SweepResult, csv_text, point_rows, run_rows
 from narwhal.experiments.backends import execute
 from narwhal.experiments.journal import JOURNAL_NAME, Journal, load_journal
 from narwhal.experiments.plan import Plan, build_plan
 from narwhal.experiments.recipes import RECIPES
-from narwhal.experiments.spec import SweepSpec
+from narwhal.experiments.spec_model import SweepSpec
 from narwhal.experiments.worker import ERROR_PREFIX, METRIC_FIELDS, RunOutcome
-
-
-@dataclass
-class SweepResult:
-    spec: SweepSpec
-    plan: Plan
-    outcomes: list[RunOutcome]
-    run_fields: list[str]
-    runs: list[dict[str, Any]]
-    point_fields: list[str]
-    points: list[dict[str, Any]]
-    quick: bool = False
-
-    @property
-    def wall_s(self) -> float:
-        """CPU-side wall time summed over runs (informational only)."""
-        return sum(o.wall_s for o in self.outcomes)
-
-    @property
-    def requests(self) -> int:
-        return sum(int(o.metrics["requests"]) for o in self.outcomes)
 
 
 def prepare(spec: SweepSpec, *, seed: int | None = None, quick: bool = False) -> Plan:

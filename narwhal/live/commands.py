@@ -17,14 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from narwhal import build
-
 API_KEY_ENV = "NARWHAL_API_KEY"
-
-
-def startup_note(api_key: str | None) -> str:
-    """What the startup line says of the process beside its address: auth and build."""
-    return f"(api key {'required' if api_key else 'off'}, {build()} build)"
 
 
 def register(subparsers: Any) -> None:
@@ -118,6 +111,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from narwhal.live.app import Router
     from narwhal.live.reporting import StdoutRequestLog
     from narwhal.live.serving import make_router_server
+    from narwhal.live.workers import serve_workers, startup_note
     from narwhal.serving import bind, port_of
 
     if args.graceful_s < 0:
@@ -135,8 +129,6 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"narwhal serve: {error}", file=sys.stderr)
         return 2
     if args.workers != 1:  # a supervisor of N router processes (narwhal.live.workers)
-        from narwhal.live.workers import serve_workers
-
         return serve_workers(args, config, api_key)
     if hasattr(signal, "SIGHUP"):  # until the reload loop takes it: not the default (exit)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -8,10 +8,11 @@ bound: the response head (``MAX_HEAD_BYTES``), and a body's unread bytes (readin
 
 Why not ``aiohttp.ClientSession``: a request through it builds a request object, a response
 object, a pool key and (on Python 3.11) a task that writes the body; for the engine legs, which
-are a small JSON POST and a read, that is about two thirds of the CPU of a call
-(``benchmarks/client_request_cost.py``). Here a call is one ``transport.write`` of head and body
-on a pooled connection and the reply is parsed in ``data_received`` by llhttp (``httptools``,
-the parser uvicorn uses), which also undoes the chunked encoding.
+are a small JSON POST and a read, that is about two thirds of the CPU of a call (measured
+once, when this client was written; docs/live.md, "The engine client"). Here a call is one
+``transport.write`` of head and body on a pooled connection and the reply is parsed in
+``data_received`` by llhttp (``httptools``, the parser uvicorn uses), which also undoes the
+chunked encoding.
 
 Theory of operation: an :class:`H1Connection` is the protocol of one socket. ``send`` writes a
 request and resets the response state; the parser's callbacks fill the status, the headers and

@@ -1,5 +1,7 @@
 """One request at the router's edge and its one response: what a handler reads, and the writer
-the client sink writes through (the connection that makes them is :mod:`narwhal.live.h1server`).
+the client sink writes through (the connection that makes them is :mod:`narwhal.live.h1server`,
+seen from here only as the :class:`ClientConnection` it must be, so this module never imports
+the server).
 
 Rule kept here: a response goes out in HTTP's order, one head, then body bytes, then its end,
 framed as the request's version allows: a known length as ``content-length``, a stream as
@@ -29,10 +31,7 @@ import asyncio
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import TYPE_CHECKING, TypeVar, overload
-
-if TYPE_CHECKING:
-    from narwhal.live.h1server import EdgeConnection
+from typing import Protocol, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -115,6 +114,40 @@ def status_line(status: int, http11: bool) -> bytes:
     return line
 
 
+class DateSource(Protocol):
+    """What stamps a response head: the server's ``date`` line, shared by its connections."""
+
+    def date_line(self) -> bytes: ...
+
+
+class ClientConnection(Protocol):
+    """What a request needs of the client connection it arrived on
+    (:class:`narwhal.live.h1server.EdgeConnection` is the one there is)."""
+
+    @property
+    def closed(self) -> asyncio.Future[None]: ...  # resolved when the connection ends
+
+    @property
+    def server(self) -> DateSource: ...
+
+    @property
+    def writing_paused(self) -> bool: ...  # the client is not reading: its buffer is over its mark
+
+    def closing_after_answer(self) -> bool: ...
+
+    def body_read(self) -> None: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def write_raw(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class EdgeRequest:
     """One request: its head as parsed, its body as it arrives, and its response's writer."""
 
@@ -141,7 +174,7 @@ class EdgeRequest:
 
     def __init__(
         self,
-        conn: EdgeConnection,
+        conn: ClientConnection,
         method: str,
         path: str,
         version: tuple[int, int],

@@ -29,8 +29,8 @@ engine it cannot dial would be charged for it); an unbounded head keeps the even
 parsing until health checks time out. None of this reaches the core: a request cut here never
 started, so no engine is charged and no reservation was taken. Why not aiohttp's server: a
 request through it builds a message, a request object, a payload stream and a response object,
-about twice the CPU of this protocol for a one-token stream
-(``benchmarks/server_request_cost.py``).
+about twice the CPU of this protocol for a one-token stream (measured once, when this server
+was written; docs/live.md, "The engine client").
 
 Theory of operation: llhttp (``httptools``) calls back with the head's pieces, then the body's;
 a complete head becomes an :class:`~narwhal.live.h1request.EdgeRequest`, whose handler runs as

@@ -52,6 +52,7 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from narwhal import build
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.policies import replica_seed
 
@@ -61,6 +62,12 @@ ORPHAN_CHECK_S = 1.0  # how often a worker checks that its supervisor is alive
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 WorkerEntry = Callable[[socket.socket, int], None]
+
+
+def startup_note(api_key: str | None) -> str:
+    """What the startup line says of the router beside its address, one process or N workers
+    alike (``narwhal serve`` prints it here or in :func:`serve_workers`): auth and build."""
+    return f"(api key {'required' if api_key else 'off'}, {build()} build)"
 
 
 def serve_worker(
@@ -225,7 +232,6 @@ class Supervisor:
 
 def serve_workers(args: argparse.Namespace, config: NarwhalConfig, api_key: str | None) -> int:
     """``narwhal serve --workers N``: bind once, run N workers, supervise; the exit status."""
-    from narwhal.live.commands import startup_note
     from narwhal.serving import bind, port_of
 
     try:

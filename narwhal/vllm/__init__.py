@@ -13,10 +13,12 @@ Commands (:mod:`narwhal.vllm.commands`):
   simulator's linear engine timing.
 
 Modules behind them: :mod:`~narwhal.vllm.processes` starts, stops, freezes and kills engines,
-each its own process group; :mod:`~narwhal.vllm.handoff` runs direct KV handoffs through a pair;
-:mod:`~narwhal.vllm.router_config` writes a Narwhal config for a pair;
+each its own process group; :mod:`~narwhal.vllm.router_config` writes a Narwhal config for a pair;
 :mod:`~narwhal.vllm.measure` times engines over HTTP, :mod:`~narwhal.vllm.fit` fits the linear
 timing, :mod:`~narwhal.vllm.calibrate` runs the two in order.
+
+What serves only the tests (direct KV handoffs through a pair, the scheduler trace of the parity
+check) lives under ``tests/vllm/``, outside the wheel.
 
 Nothing here imports torch, transformers or vLLM at module level: the project venv does not have
 them, and the router never needs them.

@@ -19,7 +19,7 @@ the log's tail, if the engine exits. :func:`start_engines` starts several at onc
 NixlConnector producer and consumer start in parallel: 50-70 s on 2 cores); :func:`pair_specs`
 is that pair and :func:`start_single` one plain engine (no KV connector) for reference runs.
 Ports come from :func:`free_port`, below the kernel's ephemeral range. Direct handoffs through
-a running pair are :mod:`narwhal.vllm.handoff`; a Narwhal config for one is
+a running pair are the tests' (``tests/vllm/handoff.py``); a Narwhal config for one is
 :mod:`narwhal.vllm.router_config`; ``narwhal vllm launch`` runs a pair until interrupted.
 
 Uses only the standard library (the project venv runs it; the engines run in the vLLM venv).

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from narwhal.cli import main
+from narwhal.experiments.aggregate import SweepResult
 from narwhal.experiments.spec import load_spec
-from narwhal.experiments.sweep import SweepResult, run_sweep, write_sweep
+from narwhal.experiments.sweep import run_sweep, write_sweep
 from narwhal.experiments.worker import METRIC_FIELDS
 from tests.experiments.conftest import EXPERIMENTS
 

@@ -1,5 +1,5 @@
 """A closed workload on the simulated engine, recorded step by step as the real vLLM's is
-(:mod:`narwhal.vllm.schedule_trace`): the simulator's side of the scheduler parity check.
+(:mod:`tests.vllm.schedule_trace`): the simulator's side of the scheduler parity check.
 
 Every request is opened at simulated time 0, before the engine's first step (the engine plans a
 step from an event at the current time, after everything already scheduled then; the record
@@ -31,7 +31,7 @@ URL = "http://sim-e0"
 def simulate(requests: list[tuple[int, int]], **params: Any) -> dict[str, Any]:
     """Run ``requests`` ((prompt tokens, output tokens) each) on one simulated engine with
     ``params`` (EngineParams fields); the record has ``steps``, ``outputs`` and ``preemptions``
-    in :mod:`narwhal.vllm.schedule_trace`'s shape."""
+    in :mod:`tests.vllm.schedule_trace`'s shape."""
     env = simpy.Environment()
     settings = {"model": "llama3-8b", "jitter": 0.0, "prefix_caching": False, **params}
     net = KvNetwork(env, bandwidth_gbps=40.0, setup_s=0.001)

@@ -3,7 +3,7 @@ with the simulated engine's.
 
 Each case is a closed workload (``requests``: [prompt tokens, output tokens]), the vLLM engine
 arguments it ran with (``engine``: ``vllm.LLM`` keyword arguments; the model is the tiny test
-model) and what vLLM 0.32.0's scheduler did (``vllm``: :mod:`narwhal.vllm.schedule_trace`'s
+model) and what vLLM 0.32.0's scheduler did (``vllm``: :mod:`tests.vllm.schedule_trace`'s
 record). ``tests/vllm/test_b_scheduler_parity.py`` re-records them on the real CPU engine and
 checks they did not change; regenerate the file with it (``NARWHAL_RECORD_SCHEDULES=1``).
 """

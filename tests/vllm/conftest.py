@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from narwhal.vllm.handoff import wait_pair_ready
 from narwhal.vllm.processes import (
     EngineProcess,
     EngineSpec,
@@ -31,6 +30,7 @@ from narwhal.vllm.processes import (
 )
 from narwhal.vllm.tiny_model import build_in_venv
 from tests.live.conftest import servers  # noqa: F401 (a fixture the default-run tests here share)
+from tests.vllm.handoff import wait_pair_ready
 from tests.vllm.harness import Narwhal, config_text
 
 VENV = Path(os.environ.get("NARWHAL_VLLM_VENV", Path(__file__).resolve().parents[2] / ".venv-vllm"))

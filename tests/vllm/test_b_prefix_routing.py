@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from narwhal.vllm.handoff import wait_pair_ready
 from narwhal.vllm.processes import EngineProcess, EngineSpec, free_port, metric_sum, start_engines
 from narwhal.vllm.processes import stop_all as stop_engines
 from tests.vllm.conftest import NOTES, TIMINGS, VENV, Fleet
+from tests.vllm.handoff import wait_pair_ready
 from tests.vllm.harness import MODEL, Narwhal, fleet_config_text
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]

@@ -1,7 +1,7 @@
 """Scheduler parity on the real CPU vLLM: the recorded schedules (tests/parity/data) are what
 vLLM 0.32.0's scheduler does now, and the simulated engine schedules the same.
 
-One process runs every case (:mod:`narwhal.vllm.schedule_trace`: vLLM's offline engine with its
+One process runs every case (:mod:`tests.vllm.schedule_trace`: vLLM's offline engine with its
 core in-process, all requests added before the first step, so the record is independent of
 this machine's speed). ``NARWHAL_RECORD_SCHEDULES=1`` rewrites the recorded file instead of
 comparing with it (after a vLLM upgrade; the default suite then checks the simulator against
@@ -39,7 +39,7 @@ def test_real_vllm_schedules_the_recorded_steps_and_the_sim_agrees(model_dir: Pa
     )
     env.pop("VIRTUAL_ENV", None)
     done = subprocess.run(
-        [str(VENV / "bin" / "python"), "-m", "narwhal.vllm.schedule_trace"],
+        [str(VENV / "bin" / "python"), "-m", "tests.vllm.schedule_trace"],
         input=json.dumps(jobs),
         env=env,
         capture_output=True,

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from narwhal.experiments.recipes import recipe_options
 
 if TYPE_CHECKING:
-    from narwhal.experiments.sweep import SweepResult
+    from narwhal.experiments.aggregate import SweepResult
 
 DRAWINGS = {
     "tuning": "narwhal.experiments.figures.tuning",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from narwhal.experiments.aggregate import csv_text
 
 if TYPE_CHECKING:
-    from narwhal.experiments.sweep import SweepResult
+    from narwhal.experiments.aggregate import SweepResult
 
 DPI = 100
 PALETTE_COLOURS = 128  # PNGs are palette images: a third of the RGBA size, same look

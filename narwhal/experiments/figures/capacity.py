@@ -34,7 +34,7 @@ from narwhal.experiments.figures.base import (
 from narwhal.experiments.recipes import CapacityOptions
 
 if TYPE_CHECKING:
-    from narwhal.experiments.sweep import SweepResult
+    from narwhal.experiments.aggregate import SweepResult
 
 MARKERS = "osD^vP*X"
 

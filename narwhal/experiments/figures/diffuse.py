@@ -36,8 +36,8 @@ from narwhal.experiments.figures.base import add_footer, pyplot, save_figure, sh
 from narwhal.experiments.recipes import DiffuseOptions
 
 if TYPE_CHECKING:
-    from narwhal.experiments.spec import SweepSpec
-    from narwhal.experiments.sweep import SweepResult
+    from narwhal.experiments.aggregate import SweepResult
+    from narwhal.experiments.spec_model import SweepSpec
 
 MARKERS = "osD^vP*X"
 NO_ENGINE = "errors.no_engine"  # the 503s: no engine of a role left to place on

@@ -29,7 +29,7 @@ from narwhal.experiments.recipes import RetriesOptions
 from narwhal.experiments.worker import ERROR_PREFIX
 
 if TYPE_CHECKING:
-    from narwhal.experiments.sweep import SweepResult
+    from narwhal.experiments.aggregate import SweepResult
 
 FRACTIONS = [round(0.01 * i, 2) for i in range(1, 100)] + [0.995, 0.999, 1.0]
 CLASS_COLOURS = [

@@ -30,7 +30,7 @@ from narwhal.experiments.figures.base import add_footer, pyplot, save_figure
 from narwhal.experiments.recipes import RoutingOptions
 
 if TYPE_CHECKING:
-    from narwhal.experiments.sweep import SweepResult
+    from narwhal.experiments.aggregate import SweepResult
 
 MARKERS = "osD^vP*X"
 TTFT_TICKS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)

@@ -33,7 +33,7 @@ from narwhal.experiments.figures.base import (
 from narwhal.experiments.recipes import TuningOptions
 
 if TYPE_CHECKING:
-    from narwhal.experiments.sweep import SweepResult
+    from narwhal.experiments.aggregate import SweepResult
 
 
 def recommend(cells: list[dict[str, Any]], goodput_pct: float, success_pp: float) -> int | None:

@@ -3,15 +3,16 @@ which shared objects the user time is spent in. Not a test.
 
 Usage::
 
-    .venv/bin/python benchmarks/router_cpu.py          # narwhal, vllm-router, aiohttp-relay
-    .venv/bin/python benchmarks/router_cpu.py --perf   # and perf's split of Narwhal's samples
-    .venv/bin/python benchmarks/router_cpu.py --only narwhal narwhal-compiled vllm-router --rounds 5
-    .venv/bin/python benchmarks/router_cpu.py --only narwhal narwhal-compiled vllm-router \
+    .venv/bin/python benchmarks/router/router_cpu.py         # narwhal, vllm-router, aiohttp-relay
+    .venv/bin/python benchmarks/router/router_cpu.py --perf  # and perf's split of Narwhal's samples
+    .venv/bin/python benchmarks/router/router_cpu.py --only narwhal narwhal-compiled vllm-router \
+        --rounds 5
+    .venv/bin/python benchmarks/router/router_cpu.py --only narwhal narwhal-compiled vllm-router \
         --rounds 5 --rate 120
-    .venv/bin/python benchmarks/router_cpu.py --only narwhal-compiled vllm-router --rounds 5 \
-        --narwhal-bin compiled-other=OTHER/.venv-compiled/bin/narwhal
+    .venv/bin/python benchmarks/router/router_cpu.py --only narwhal-compiled vllm-router \
+        --rounds 5 --narwhal-bin compiled-other=OTHER/.venv-compiled/bin/narwhal
 
-The fleet, the routers and the load client are ``benchmarks/routers.py``'s (one producer, one
+The fleet, the routers and the load client are ``benchmarks/router/routers.py``'s (one producer, one
 consumer, every timing at 0; 16 closed-loop streamed completions of one token), ``--rounds``
 rounds per router (2 unless given), alternated. Each round reads the router process's user and
 system CPU (every thread) from ``/proc`` when the measured window opens and ends; the summary
@@ -198,4 +199,8 @@ def summary(totals: dict[str, list[float]]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kept import kept_output
+
+    with kept_output("router_cpu"):
+        main()

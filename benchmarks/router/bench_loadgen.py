@@ -1,8 +1,8 @@
 """The load generator of the router benchmarks: a process of its own, driven over stdin/stdout.
 
-Run as ``.venv/bin/python benchmarks/bench_loadgen.py`` (``bench_stack.LoadGen`` starts it): one
-JSON command per stdin line (``ttft``, ``throughput``, ``faults``, ``quit``), answered with JSON
-lines on stdout (``{"event": "start"}`` when a measured window opens, ``{"event": "end",
+Run as ``.venv/bin/python benchmarks/router/bench_loadgen.py`` (``bench_stack.LoadGen`` starts
+it): one JSON command per stdin line (``ttft``, ``throughput``, ``faults``, ``quit``), answered
+with JSON lines on stdout (``{"event": "start"}`` when a measured window opens, ``{"event": "end",
 "result": ...}`` when the command is done). Every request is a streamed completion, and every
 response is checked against the emulator's deterministic text (``_expected``): ok, error (non-200,
 transport error or an in-band error event), wrong (200, no error, not the expected text) or hung

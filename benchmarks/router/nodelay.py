@@ -8,7 +8,7 @@ token. A real vLLM (uvicorn bound by host and port) does not have that delay, so
 its emulated engines through this shim; ``routers.py --narwhal-nodelay`` runs Narwhal through it
 too, to show what the one-line fix in ``bind`` would buy.
 
-Usage: ``python benchmarks/nodelay.py emulate --port ...`` (any ``narwhal`` arguments).
+Usage: ``python benchmarks/router/nodelay.py emulate --port ...`` (any ``narwhal`` arguments).
 """
 
 from __future__ import annotations

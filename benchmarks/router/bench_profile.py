@@ -23,7 +23,7 @@ from bench_stack import PEERS_BIN, RESULTS, ROOT, LoadGen, Stack, start_fleet, t
 def phase_profile(stack: Stack, loadgen: LoadGen, workdir: Path, stamp: str) -> dict[str, Any]:
     pyspy = PEERS_BIN / "py-spy"
     if not pyspy.exists():
-        raise RuntimeError(f"{pyspy} missing: run benchmarks/setup_peers.sh")
+        raise RuntimeError(f"{pyspy} missing: run benchmarks/router/setup_peers.sh")
     fleet = start_fleet(stack, "prof", 1, 1)
     spec = router_spec("narwhal", fleet, workdir, 30.0)
     stack.start("prof-narwhal", spec.argv, router=True)

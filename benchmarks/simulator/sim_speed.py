@@ -9,9 +9,10 @@ This machine's speed moves by a third or more from minute to minute (other tenan
 most changes do, so ``--repeat`` runs the same measurement several times in one process and
 reports each run, the median and the best.
 
-    .venv/bin/python benchmarks/sim_speed.py [--requests N] [--stream-interval K] [--profile]
-    .venv/bin/python benchmarks/sim_speed.py --repeat 5   # five timed runs, then median and best
-    .venv/bin/python benchmarks/sim_speed.py --sweep [--requests N] [--repeat K]  # the figure
+    .venv/bin/python benchmarks/simulator/sim_speed.py [--requests N] [--stream-interval K] \
+        [--profile]
+    .venv/bin/python benchmarks/simulator/sim_speed.py --repeat 5  # 5 timed runs, median, best
+    .venv/bin/python benchmarks/simulator/sim_speed.py --sweep [--requests N] [--repeat K]
 
 ``--stream-interval`` is the engines' tokens per streamed chunk (vLLM's ``--stream-interval``);
 every chunk goes through the core's real SSE parser, so it sets the per-token cost. ``--sweep``
@@ -23,7 +24,7 @@ The build is whichever ``narwhal`` the interpreter imports: ``.venv`` (editable,
 or ``.venv-compiled`` (``scripts/build_compiled.sh``: the hot modules compiled with mypyc):
 
     bash scripts/build_compiled.sh
-    .venv-compiled/bin/python benchmarks/sim_speed.py [--sweep]
+    .venv-compiled/bin/python benchmarks/simulator/sim_speed.py [--sweep]
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from narwhal.sim.commands import GC_THRESHOLDS  # as `narwhal simulate` runs
 from narwhal.sim.runner import run
 from narwhal.sim.scenario import Scenario, parse_scenario
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 PUBLISHED = (160.0, 670.0)  # Vidur ~159, DistServe's ~530, SplitwiseSim ~665 req/s (10k requests)
 TARGET = 5000.0
@@ -259,8 +260,8 @@ def draw(sweeps: dict[str, dict[str, Any]], path: Path) -> None:
     fig.text(
         0.99,
         0.01,
-        f"benchmarks/sim_speed.py --sweep --repeat K per build, the best of K runs a point "
-        f"({repeats}); machine reference: sum(range(1000))",
+        "benchmarks/simulator/sim_speed.py --sweep --repeat K per build, the best of K runs a "
+        f"point ({repeats}); machine reference: sum(range(1000))",
         ha="right",
         fontsize=7,
         color="#555555",

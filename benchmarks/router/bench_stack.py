@@ -1,10 +1,10 @@
 """The processes of a router benchmark, and the emulated engines they measure against.
 
 Every process a run starts (engines, routers, the load generator, py-spy) goes through ``Stack``:
-each in a process group of its own, a router on the router's core (benchmarks/cores.py), all
-stopped when the run ends. ``start_fleet`` starts the ``narwhal emulate`` producers and consumers
-(every timing zero but the decode pace, TCP_NODELAY through benchmarks/nodelay.py); ``LoadGen``
-drives the load generator child (benchmarks/bench_loadgen.py) over its stdin and stdout. CPU time
+each in a process group of its own, a router on the router's core (cores.py, beside this
+file), all stopped when the run ends. ``start_fleet`` starts the ``narwhal emulate`` producers
+and consumers (every timing zero but the decode pace, TCP_NODELAY through nodelay.py);
+``LoadGen`` drives the load generator child (bench_loadgen.py) over its stdin and stdout. CPU time
 and closed connections are read from /proc (``group_cpu_seconds``, ``time_wait``). The paths and
 the workload's constants every other module of the benchmark uses are here too.
 """
@@ -24,9 +24,9 @@ from typing import Any
 
 import cores  # this folder's: which core each process runs on
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benchmarks"
-RESULTS = BENCH / "results"
+BENCH = Path(__file__).resolve().parent  # benchmarks/router
+ROOT = BENCH.parents[1]
+RESULTS = ROOT / "benchmarks" / "results"  # git-ignored
 PEERS_BIN = BENCH / ".venv-peers" / "bin"
 PY = ROOT / ".venv" / "bin" / "python"
 NODELAY = BENCH / "nodelay.py"  # engines with TCP_NODELAY, like a real vLLM (see nodelay.py)
@@ -73,7 +73,7 @@ class Stack:
     def start(
         self, name: str, argv: list[str], *, router: bool = False, **kwargs: Any
     ) -> subprocess.Popen[bytes]:
-        """Start ``argv``; a ``router`` runs on the router's core (benchmarks/cores.py)."""
+        """Start ``argv``; a ``router`` runs on the router's core (benchmarks/router/cores.py)."""
         log = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 - closed by the child's end
         proc = subprocess.Popen(
             argv,

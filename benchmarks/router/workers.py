@@ -2,13 +2,13 @@
 
 Usage (from the repository root):
 
-    .venv/bin/python benchmarks/workers.py [--workers 1 2] [--rounds 2] [--seconds 5]
+    .venv/bin/python benchmarks/router/workers.py [--workers 1 2] [--rounds 2] [--seconds 5]
 
 One producer and one consumer (``narwhal emulate`` with all timing zero, TCP_NODELAY as a real
 vLLM has) are shared by every router; each router setting is a ``narwhal serve --workers N``
 on its own port, all started before the first round and measured in alternating rounds, so
 background load hits them alike. Two closed-loop workloads through each, with the load
-generator of benchmarks/routers.py in its own process: streamed completions of ``--tokens``
+generator of benchmarks/router/routers.py in its own process: streamed completions of ``--tokens``
 chunks at ``--concurrency`` (client-seen chunks/s), and one-token requests (requests/s). The
 router's CPU is utime + stime of the supervisor and every worker (the workers run in process
 groups of their own, so they are found as the supervisor's children), read when the measured

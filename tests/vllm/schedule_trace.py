@@ -8,7 +8,7 @@ each one has a fixed prompt (token ids) and a fixed output length (``max_tokens`
 ``ignore_eos``). What a step schedules then depends only on the scheduler's rules, never on how
 fast this machine runs the model.
 
-Theory of operation: run with the vLLM env's Python (``python -m narwhal.vllm.schedule_trace``,
+Theory of operation: run with the vLLM env's Python (``python -m tests.vllm.schedule_trace``,
 this checkout on ``PYTHONPATH``) and a JSON list of jobs on stdin, each::
 
     {"model": DIR, "engine": {"max_num_seqs": 4, ...}, "requests": [[prompt, out], ...]}

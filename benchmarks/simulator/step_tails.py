@@ -13,7 +13,8 @@ arrivals in every case at a rate and seed):
 It writes ``step_tails.csv`` (one row per run) and ``step_tails.png`` (p99 TTFT, p99 TPOT and
 SLO attainment against the offered rate, the mean over seeds) under ``--out``:
 
-    .venv/bin/python benchmarks/step_tails.py [--out docs/figures/tails] [--seeds 1] [--duration 10]
+    .venv/bin/python benchmarks/simulator/step_tails.py [--out docs/figures/tails] [--seeds 1] \
+        [--duration 10]
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The peer routers and py-spy, in their own venv (never the project's): benchmarks/.venv-peers.
+# The peer routers and py-spy, in their own venv (never the project's): benchmarks/router/.venv-peers.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 python3 -m venv "$here/.venv-peers"

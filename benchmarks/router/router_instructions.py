@@ -8,14 +8,14 @@ serving ``--base`` and then ``--base`` plus ``--requests`` streamed completions 
 another, and prints the difference per request (start-up, imports and shutdown cancel out).
 Needs ``valgrind``; a few minutes per router.
 
-    .venv/bin/python benchmarks/router_instructions.py            # narwhal, 1-token requests
-    .venv/bin/python benchmarks/router_instructions.py --only narwhal vllm-router
-    .venv/bin/python benchmarks/router_instructions.py --tokens 64 --decode-s-per-token 0.01
-    .venv/bin/python benchmarks/router_instructions.py --narwhal-bin ../old/.venv/bin/narwhal
-    .venv/bin/python benchmarks/router_instructions.py --only narwhal narwhal-compiled
-    .venv/bin/python benchmarks/router_instructions.py --only narwhal-compiled --functions 25
+    .venv/bin/python benchmarks/router/router_instructions.py            # narwhal, 1-token requests
+    .venv/bin/python benchmarks/router/router_instructions.py --only narwhal vllm-router
+    .venv/bin/python benchmarks/router/router_instructions.py --tokens 64 --decode-s-per-token 0.01
+    .venv/bin/python benchmarks/router/router_instructions.py --narwhal-bin ../old/.venv/bin/narwhal
+    .venv/bin/python benchmarks/router/router_instructions.py --only narwhal narwhal-compiled
+    .venv/bin/python benchmarks/router/router_instructions.py --only narwhal-compiled --functions 25
 
-The engines and the routers' settings are ``benchmarks/routers.py``'s (one producer, one
+The engines and the routers' settings are ``benchmarks/router/routers.py``'s (one producer, one
 consumer, every timing 0 unless ``--decode-s-per-token``); Narwhal's first-token and silence
 timeouts are raised to 30 s, since under callgrind it runs about 50 times slower. With
 ``--decode-s-per-token 0.01`` every chunk comes in a read of its own, as from a real engine (at
@@ -209,4 +209,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kept import kept_output
+
+    with kept_output("router_instructions"):
+        main()

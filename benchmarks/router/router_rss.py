@@ -1,12 +1,12 @@
 """A router's resident memory while it serves one request after another: a leak shows as RSS
 that keeps growing once the router's bounded stores are full. Not a test.
 
-    .venv/bin/python benchmarks/router_rss.py                                   # pure build
-    .venv/bin/python benchmarks/router_rss.py --narwhal-bin .venv-compiled/bin/narwhal
+    .venv/bin/python benchmarks/router/router_rss.py                                   # pure build
+    .venv/bin/python benchmarks/router/router_rss.py --narwhal-bin .venv-compiled/bin/narwhal
 
-The engines and Narwhal's settings are ``benchmarks/routers.py``'s (one producer, one consumer,
-every timing 0); ``--rounds`` rounds of ``--requests`` streamed completions of ``--tokens``
-tokens, one at a time, and the router's RSS (``/proc/<pid>/status``) after each round.
+The engines and Narwhal's settings are ``benchmarks/router/routers.py``'s (one producer, one
+consumer, every timing 0); ``--rounds`` rounds of ``--requests`` streamed completions of
+``--tokens`` tokens, one at a time, and the router's RSS (``/proc/<pid>/status``) after each round.
 """
 
 from __future__ import annotations
@@ -60,4 +60,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kept import kept_output
+
+    with kept_output("router_rss"):
+        main()

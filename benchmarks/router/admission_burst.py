@@ -9,7 +9,7 @@ It reports the statuses, the router's CPU time over the burst (utime + stime fro
 long the router's event loop, busy starting requests, left everything else waiting (the
 first-token and silence timers of the requests in flight wait the same way).
 
-Run it from the repository root: ``.venv/bin/python benchmarks/admission_burst.py`` (about a
+Run it from the repository root: ``.venv/bin/python benchmarks/router/admission_burst.py`` (about a
 minute on 2 cores; ``--cases N:BOUND ...`` to choose). It is not part of the test run.
 """
 
@@ -177,4 +177,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kept import kept_output
+
+    with kept_output("admission_burst"):
+        main()

@@ -1,4 +1,4 @@
-"""The measured phases of benchmarks/routers.py: overhead (TTFT and throughput), fault goodput.
+"""The measured phases of benchmarks/router/routers.py: overhead (TTFT, throughput), fault goodput.
 
 ``phase_overhead`` runs every router at once against one shared producer and consumer: TTFT at
 concurrency 1 with the targets interleaved request by request, then closed-loop throughput rounds

@@ -3,7 +3,8 @@ front of one simulated fleet, N = 1, 2, 4, 8, drawn as one figure with its CSV.
 
 Usage (from the repository root):
 
-    .venv/bin/python benchmarks/sim_replicas.py [--seeds 1 2 3] [--out docs/figures/replicas]
+    .venv/bin/python benchmarks/simulator/sim_replicas.py [--seeds 1 2 3] \
+        [--out docs/figures/replicas]
 
 Two cases on experiments/scenarios/faulty-fleet.toml's fleet and workload (4P+4D
 llama3-70b-tp4, the Azure conversation trace at 6x for 60 s, ``eject_after = 3``,
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from narwhal.experiments.figures.base import pyplot, save_figure  # noqa: E402
@@ -99,7 +100,8 @@ def draw(rows: list[dict[str, Any]], seeds: list[int], out: Path) -> list[Path]:
     fig.suptitle(
         "What unshared router state costs: faulty-fleet (4P+4D llama3-70b-tp4, Azure conv x6, "
         f"60 s, eject_after 3, max_attempts 2), mean of seeds {', '.join(map(str, seeds))}\n"
-        "command: .venv/bin/python benchmarks/sim_replicas.py --out docs/figures/replicas",
+        "command: .venv/bin/python benchmarks/simulator/sim_replicas.py "
+        "--out docs/figures/replicas",
         fontsize=10,
     )
     fig.tight_layout(rect=(0, 0, 1, 0.94))

@@ -1,9 +1,9 @@
 """What a router benchmark prints and writes: percentiles, text tables, the report, the CSV.
 
 ``pct`` is the nearest-rank percentile every figure uses (None for no values); ``ms``, ``ratio``
-and ``table`` format them. ``report`` turns the results of benchmarks/routers.py into its tables
-(TTFT, throughput, fault goodput, the Narwhal / peer ratios, the py-spy profile); ``write_csv``
-writes the same results in long format (phase, target, metric, value).
+and ``table`` format them. ``report`` turns the results of benchmarks/router/routers.py into its
+tables (TTFT, throughput, fault goodput, the Narwhal / peer ratios, the py-spy profile);
+``write_csv`` writes the same results in long format (phase, target, metric, value).
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """Narwhal side by side with the P/D routers users would pick instead, in one run.
 
-Usage (from the repository root; the peers live in their own venv, see benchmarks/setup_peers.sh):
+Usage (from the repository root; the peers live in their own venv, see setup_peers.sh here):
 
-    .venv/bin/python benchmarks/routers.py [--quick] [--profile] [--narwhal-nodelay] [--only ...]
+    .venv/bin/python benchmarks/router/routers.py [--quick] [--profile] [--narwhal-nodelay] \
+        [--only ...]
 
 Routers: Narwhal (``narwhal serve``), vllm-router 0.1.17 (``--vllm-pd-disaggregation``),
 smg 1.13.0 (``smg launch --pd-disaggregation``, workers from a file manifest naming the
-NixlConnector), a naive Starlette + httpx proxy (benchmarks/naive_proxy.py) and a logic-free relay
-on aiohttp and uvloop (benchmarks/aiohttp_relay.py: the floor of Narwhal's own HTTP stack). Every
-engine is ``narwhal emulate`` with all timing set to zero, on 127.0.0.1, started through
-benchmarks/nodelay.py (TCP_NODELAY on its connections, as a real vLLM has). docs/benchmarks.md
+NixlConnector), a naive Starlette + httpx proxy (naive_proxy.py, beside this file) and a
+logic-free relay on aiohttp and uvloop (aiohttp_relay.py: the floor of Narwhal's own HTTP stack).
+Every engine is ``narwhal emulate`` with all timing set to zero, on 127.0.0.1, started through
+nodelay.py (TCP_NODELAY on its connections, as a real vLLM has). docs/benchmarks.md
 explains the method and the results.
 
 Phases:
@@ -27,9 +28,9 @@ Phases:
    event), wrong-but-200 (200, no error signalled, text not the expected one), hung (not finished
    at the bound).
 
-The load generator is benchmarks/bench_loadgen.py in its own process (aiohttp, uvloop), driven
+The load generator is bench_loadgen.py in its own process (aiohttp, uvloop), driven
 over stdin/stdout with JSON lines. Each router runs on a core of its own, the engines and the load
-generator on the others (benchmarks/cores.py; ``--no-pin`` leaves them to the scheduler).
+generator on the others (cores.py; ``--no-pin`` leaves them to the scheduler).
 Results go to benchmarks/results/routers-<stamp>.{json,csv}. ``--profile`` also records
 Narwhal with py-spy under two loads and prints where its time goes.
 """
@@ -110,8 +111,8 @@ def check_tools(names: list[str], profile: bool, compiled: bool) -> None:
         missing.append(str(PEERS_BIN / "py-spy"))
     if missing:
         sys.exit(
-            "missing: " + ", ".join(missing) + "\nrun: bash benchmarks/setup_peers.sh "
-            "(installs vllm-router, smg and py-spy into benchmarks/.venv-peers)"
+            "missing: " + ", ".join(missing) + "\nrun: bash benchmarks/router/setup_peers.sh "
+            "(installs vllm-router, smg and py-spy into benchmarks/router/.venv-peers)"
         )
 
 

@@ -7,8 +7,9 @@ tenants), more than most changes do. Instructions executed do not: this script r
 ``--requests`` requests, and prints the difference per request (setup, imports and the
 step-time fit cancel out). Needs ``valgrind``; takes a minute or two.
 
-    .venv-compiled/bin/python benchmarks/sim_instructions.py [--requests 2000] [--base 200]
-    .venv/bin/python benchmarks/sim_instructions.py            # the pure build (slower)
+    .venv-compiled/bin/python benchmarks/simulator/sim_instructions.py [--requests 2000] \
+        [--base 200]
+    .venv/bin/python benchmarks/simulator/sim_instructions.py  # the pure build (slower)
 
 Comparing two versions: run it with each (``PYTHONPATH`` at a build of each); equal counts mean
 equal work, whatever the clock said.
@@ -84,4 +85,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kept import kept_output
+
+    with kept_output("sim_instructions"):
+        main()

@@ -12,7 +12,7 @@ body just under ``admission.max_json_values``), and reports:
 - how long the router's event loop was unavailable: the longest ``GET /health`` round trip while
   the request ran (measured in a second pass, without tracemalloc, which slows allocation down).
 
-Run it from the repository root: ``.venv/bin/python benchmarks/body_memory.py``. The same
+Run it from the repository root: ``.venv/bin/python benchmarks/router/body_memory.py``. The same
 script runs against another checkout's code with ``PYTHONPATH=/path/to/checkout`` (the API it
 uses is the router's defaults and ``narwhal emulate``). It is not part of the test run.
 """
@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -152,4 +153,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kept import kept_output
+
+    with kept_output("body_memory"):
+        main()

@@ -1,6 +1,6 @@
 """Simulated versus measured TTFT and TPOT on a real vLLM pair, in one command.
 
-    .venv/bin/python benchmarks/calibration.py [--producer URL --consumer URL] [--runs 2]
+    .venv/bin/python benchmarks/simulator/calibration.py [--producer URL --consumer URL] [--runs 2]
 
 Without ``--producer``/``--consumer`` it builds the tiny model and starts a NixlConnector
 producer/consumer pair of the CPU vLLM (``narwhal.vllm.processes``, ``.venv-vllm``), and stops it
@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from sim_speed import machine_reference_us  # noqa: E402
@@ -58,7 +58,6 @@ from narwhal.sim.runner import run as simulate  # noqa: E402
 from narwhal.sim.scenario import load_scenario  # noqa: E402
 from narwhal.vllm.calibrate import calibrate_engine  # noqa: E402
 from narwhal.vllm.fit import EngineCalibration, engine_json, engine_report, fit_engine  # noqa: E402
-from narwhal.vllm.handoff import wait_pair_ready  # noqa: E402
 from narwhal.vllm.measure import HandoffSample, PrefillSample, StepSample, time_batch  # noqa: E402
 from narwhal.vllm.processes import (  # noqa: E402
     MODEL_NAME,
@@ -68,6 +67,7 @@ from narwhal.vllm.processes import (  # noqa: E402
     stop_all,
 )
 from narwhal.vllm.tiny_model import build_in_venv  # noqa: E402
+from tests.vllm.handoff import wait_pair_ready  # noqa: E402
 
 ENGINE_TIMEOUTS = {
     "first_token_timeout_s": 30.0,

@@ -3,11 +3,11 @@ a router adds to TTFT under load when the fleet is not saturated. Not a test.
 
 Usage::
 
-    .venv/bin/python benchmarks/paced_ttft.py     # narwhal, vllm-router, aiohttp-relay (~2 min)
-    .venv/bin/python benchmarks/paced_ttft.py --only narwhal vllm-router --rounds 5
+    .venv/bin/python benchmarks/router/paced_ttft.py  # narwhal, vllm-router, aiohttp-relay (~2 min)
+    .venv/bin/python benchmarks/router/paced_ttft.py --only narwhal vllm-router --rounds 5
 
 The fleet, the routers (with their settings) and the load generator are
-``benchmarks/routers.py``'s: one producer and one consumer (``narwhal emulate``, decode
+``benchmarks/router/routers.py``'s: one producer and one consumer (``narwhal emulate``, decode
 ``--decode-s-per-token`` seconds per token, 0.01 by default, every other timing 0), 16
 closed-loop streamed completions of 64 tokens, rounds alternating between the targets
 (``direct``: decode-only on the consumer; ``direct-pd``: the load generator does the prefill
@@ -104,4 +104,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kept import kept_output
+
+    with kept_output("paced_ttft"):
+        main()
