@@ -23,6 +23,7 @@ SIM_EXTRA_MODULES = frozenset({"simpy", "matplotlib", "tqdm"})
 
 COMMAND_MODULES = (
     "narwhal.sim.commands",
+    "narwhal.sim.validation.commands",
     "narwhal.live.commands",
     "narwhal.emulator.commands",
     "narwhal.experiments.commands",

@@ -212,7 +212,7 @@ class Scheduler:
             return None
         decodes = len(self.decoding)
         context = self.ctx_base + decodes * step
-        dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs)
+        dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs, len(chunks))
         dt = self.cost.seconds(dt, decodes + len(chunks), tokens, self.rng)
         return dt * self.switches.slow, chunks
 
