@@ -29,7 +29,6 @@ import anyio
 from narwhal.core import wire
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.entry import admit_and_serve
-from narwhal.core.jsonparse import TooManyValues, parse_bounded_json
 from narwhal.core.lifecycle import serve_request
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports
@@ -37,6 +36,7 @@ from narwhal.core.records import RequestRecord
 from narwhal.core.requests import BadRequest, ClientRequest, parse_client_request
 from narwhal.core.shutdown import answer_shutdown
 from narwhal.core.stalls import StallLedger
+from narwhal.live.bodies import BodyRefused, parse_body, read_bounded_body, too_large
 from narwhal.live.clock import AnyioClock
 from narwhal.live.gate import json_refusal
 from narwhal.live.h1request import EdgeRequest, Response
@@ -129,17 +129,9 @@ class Inference:
             return None
         admission = self.router.config.admission
         try:
-            body = parse_bounded_json(raw, admission.max_json_values)
-        except TooManyValues as too_many:
-            message = f"{too_many} (admission.max_json_values)"
-            await sink.respond(413, wire.error_object(413, message, "invalid_request_error"), {})
-            return None
-        except ValueError as error:
-            await sink.respond(
-                400,
-                wire.error_object(400, f"malformed JSON body: {error}", "invalid_request_error"),
-                {},
-            )
+            body = parse_body(raw, admission.max_json_values)
+        except BodyRefused as refused:
+            await sink.respond(refused.status, refused.error, {})
             return None
         try:
             return parse_client_request(
@@ -179,28 +171,11 @@ class Inference:
         (The first read answers ``expect: 100-continue``: a body declared too large is refused
         before the client sends it.)"""
         limit = self.router.config.admission.max_body_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            await sink.respond(413, _too_large(limit), {})
-            return None
-        parts: list[bytes] = []
-        size = 0
         try:
-            while chunk := await request.readany():
-                size += len(chunk)
-                if size > limit:
-                    await sink.respond(413, _too_large(limit), {})
-                    return None
-                parts.append(chunk)
+            raw = await read_bounded_body(request, limit)
         except OSError:  # the connection was lost (or cut by client.body_timeout_s)
             sink.gone = True
             return None
-        return b"".join(parts)
-
-
-def _too_large(limit: int) -> dict[str, object]:
-    return wire.error_object(
-        413,
-        f"request body larger than {limit} bytes (admission.max_body_bytes)",
-        "invalid_request_error",
-    )
+        if raw is None:
+            await sink.respond(413, too_large(limit), {})
+        return raw
