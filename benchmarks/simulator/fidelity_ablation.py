@@ -1,6 +1,6 @@
 """What each part of the engine model contributes to its error on the bundled real runs.
 
-    python benchmarks/fidelity_ablation.py
+    python benchmarks/simulator/fidelity_ablation.py
 
 For each run in tests/data/runs, replays it (narwhal validate's replay) with the full model and
 with one part taken out at a time, and prints the mean TTFT, TPOT and end-to-end errors (%):
@@ -20,7 +20,7 @@ from narwhal.sim.validation.replay import replay
 from narwhal.sim.validation.runlog import RunLog, read_run
 from narwhal.sim.validation.validate import load_profile
 
-RUNS = Path(__file__).resolve().parents[1] / "tests" / "data" / "runs"
+RUNS = Path(__file__).resolve().parents[2] / "tests" / "data" / "runs"
 
 
 def errors(run: RunLog, profile: dict, allreduce: bool = True) -> tuple[float, float, float]:
