@@ -53,6 +53,7 @@ COMPILED = [
     "narwhal/core/routing/policy.py",
     "narwhal/core/routing/prefix.py",
     "narwhal/core/sse.py",
+    "narwhal/engines/block_pool.py",
     "narwhal/live/clock.py",
     "narwhal/live/gate.py",
     "narwhal/live/h1client.py",

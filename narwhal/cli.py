@@ -19,10 +19,11 @@ from narwhal import __version__
 
 # What the ``sim`` extra installs: a router-only install lacks them, and a subcommand that needs
 # one says how to get it instead of showing a traceback.
-SIM_EXTRA_MODULES = frozenset({"simpy", "matplotlib", "tqdm"})
+SIM_EXTRA_MODULES = frozenset({"simpy", "matplotlib", "tqdm", "scipy", "yaml"})
 
 COMMAND_MODULES = (
     "narwhal.sim.commands",
+    "narwhal.sim.validation.commands",
     "narwhal.live.commands",
     "narwhal.emulator.commands",
     "narwhal.experiments.commands",

@@ -11,12 +11,16 @@ Theory of operation: :func:`parse_toml` turns TOML text into a mapping, :func:`r
 a file as UTF-8 and parses it, and :func:`load_config` is ``narwhal serve`` / ``preflight``'s
 whole path from a file to a validated :class:`~narwhal.core.config.NarwhalConfig`;
 :func:`config_from_bytes` is the same path from a file's bytes already read (a reload, which
-hashes what it read).
+hashes what it read). :func:`config_from_urls` is the path from ``narwhal serve --prefill URL
+--decode URL`` (no file): the same mapping a file would hold, validated by the same model, with
+errors naming the flag that gave the bad value.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +63,25 @@ def config_from_bytes(data: bytes, path: str | Path) -> NarwhalConfig:
     """The configuration file ``path``'s content ``data``, validated (or :class:`ConfigError`)."""
     text = _utf8(data, "configuration", path, ConfigError)
     return parse_config(parse_toml(text, str(path), ConfigError), str(path))
+
+
+def config_from_urls(prefill: Sequence[str], decode: Sequence[str]) -> NarwhalConfig:
+    """The configuration of a fleet given by its URLs alone (every other setting at its
+    default), as ``[[engines]]`` entries: a URL given both as a producer and as a consumer is one
+    engine of role ``both``. Errors name the flag (``--prefill`` / ``--decode``), not the index."""
+    roles: dict[str, str] = {}
+    flags: dict[str, str] = {}
+    for flag, role, urls in (("--prefill", "prefill", prefill), ("--decode", "decode", decode)):
+        for url in urls:
+            known = roles.get(url)
+            roles[url] = role if known in (None, role) else "both"
+            flags[url] = flag if known in (None, role) else "--prefill/--decode"
+    engines = [{"url": url, "role": role} for url, role in roles.items()]
+    order = list(flags.values())
+    try:
+        return parse_config({"engines": engines}, "the command line")
+    except ConfigError as error:
+        message = re.sub(
+            r"engines\[(\d+)\]\.url", lambda match: order[int(match.group(1))], str(error)
+        )
+        raise ConfigError(message) from None

@@ -105,12 +105,12 @@ def test_a_simulated_streams_bytes_leave_nothing_behind() -> None:
     from narwhal.core.sse import EventKind, SseEvent, SseParser
     from narwhal.sim.gpu import wire
 
-    head = wire.chunk_head("req-1", wire.json_text("m"), True)
+    writer = wire.chunk_writer("req-1", "m", True)
     two_events = b'data: {"a":1}\n\ndata: {"b":2}\n\n'
     builders: dict[str, Callable[[], object]] = {
-        "token_chunk": lambda: wire.token_chunk(head, 16, True, True),
-        "role_chunk": lambda: wire.role_chunk(head),
-        "chunk_head": lambda: wire.chunk_head("req-1", '"m"', False),
+        "token_chunk": lambda: wire.token_chunk(writer, 16, True),
+        "role_chunk": lambda: writer.role_chunk(),
+        "chunk_writer": lambda: wire.chunk_writer("req-1", "m", False),
         "event wire": lambda: SseEvent(EventKind.MALFORMED, "{").wire(),
         "two-line event wire": lambda: SseEvent(EventKind.MALFORMED, "{\n}").wire(),
         "two whole events": lambda: SseParser().feed(two_events),

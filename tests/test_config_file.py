@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from narwhal.config_file import load_config, parse_toml, read_toml
-from narwhal.core.config import ConfigError, Role
+from narwhal.config_file import config_from_urls, load_config, parse_toml, read_toml
+from narwhal.core.config import ConfigError, Role, parse_config
 
 CONFIG = """
 [engine_contract]
@@ -60,3 +60,19 @@ def test_the_callers_error_type_and_words_are_used(tmp_path: Path) -> None:
     with pytest.raises(SpecProblem, match="invalid TOML in <text>"):
         parse_toml("a = ", "<text>", SpecProblem)
     assert parse_toml("a = 1\n[b]\nc = 'd'\n", "<text>", SpecProblem) == {"a": 1, "b": {"c": "d"}}
+
+
+def test_a_fleet_of_urls_is_the_configuration_a_file_of_them_would_be() -> None:
+    given = config_from_urls(["http://p1:8100", "http://p2:8100/"], ["http://d:8200"])
+    written = parse_config(parse_toml(
+        '[[engines]]\nurl = "http://p1:8100"\nrole = "prefill"\n'
+        '[[engines]]\nurl = "http://p2:8100"\nrole = "prefill"\n'
+        '[[engines]]\nurl = "http://d:8200"\nrole = "decode"\n', "f", ConfigError
+    ))
+    assert given == written
+    both = config_from_urls(["http://e:8100"], ["http://e:8100"])  # one engine, both roles
+    assert [(e.url, e.role.value) for e in both.engines] == [("http://e:8100", "both")]
+    with pytest.raises(ConfigError, match=r"--prefill: port out of range"):
+        config_from_urls(["http://e:0"], ["http://d:8200"])
+    with pytest.raises(ConfigError, match=r"url 'http://e:8100' is listed more than once"):
+        config_from_urls(["http://e:8100", "http://E:8100"], ["http://d:8200"])

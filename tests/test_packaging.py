@@ -18,8 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
+IMPORT_NAMES = {"pyyaml": "yaml"}  # distributions whose import name differs
+
+
 def _names(requirements: list[str]) -> set[str]:
-    return {r.split(">")[0].split("<")[0].split("=")[0].split("[")[0].strip() for r in requirements}
+    names = {r.split(">")[0].split("<")[0].split("=")[0].split("[")[0].strip() for r in requirements}
+    return {IMPORT_NAMES.get(name, name) for name in names}
 
 
 def test_the_router_install_leaves_the_simulator_stack_to_its_extra() -> None:

@@ -1,14 +1,18 @@
-"""A client request's entry: admission first, then the lifecycle, for both worlds.
+"""A client request's entry, for both worlds: admission first, then the request is served.
 
-Rule kept here: a request the router's admission bound refuses
-(:class:`~narwhal.core.admission.Admission`) is answered at once with 503 and ``Retry-After:
-admission.retry_after_s``, in OpenAI's error shape, and gets one record (outcome ``overloaded``,
-attempts 0, no engines): it never reaches placement, so no engine is charged for it.
+Rule kept here: this is the one way a client request enters the router; every request takes an
+admission slot (:class:`~narwhal.core.admission.Admission`) before it holds anything and gives
+it back exactly once, however its serving ends. A request the bound refuses is answered at once
+with 503 and ``Retry-After: admission.retry_after_s``, in OpenAI's error shape, and gets one
+record (outcome ``overloaded``, attempts 0, no engines): it never reaches placement, so no
+engine is charged for it.
 
-Theory of operation: the simulator runs :func:`serve_admitted` for each arrival (admit, serve,
-release). The live router admits at request entry itself, so a slot also covers the time and
-memory of reading and parsing the body, and calls :func:`refuse` and
-:meth:`~narwhal.core.admission.Admission.release` around its own reading and parsing.
+Theory of operation: :func:`admit_and_serve` takes the slot (or refuses), then runs the
+driver's ``serve`` and releases the slot in ``finally``. What ``serve`` is differs only in what
+a driver has to do before the lifecycle: the simulator's request is whole on arrival
+(:func:`serve_admitted` runs :func:`~narwhal.core.lifecycle.serve_request`); the live router
+admits at request entry, so a slot also covers the time and memory of reading and parsing the
+body, and its ``serve`` reads and parses the body, then runs the lifecycle.
 
 Why 503 and not 429: the bound is the router's capacity, not something one client did (429 is
 "the user has sent too many requests", RFC 6585); 503 is "temporarily overloaded" (RFC 9110,
@@ -18,6 +22,8 @@ both (the OpenAI SDK retries 429 and 5xx, honouring ``Retry-After``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 from narwhal.core.errors import FaultKind, fault
 from narwhal.core.lifecycle import CLIENT_GONE_STATUS, serve_request
@@ -63,14 +69,35 @@ async def refuse(
     return record
 
 
+async def admit_and_serve(
+    request_id: str,
+    arrival: float,
+    ports: Ports,
+    policies: Policies,
+    sink: ClientSink,
+    serve: Callable[[], Awaitable[RequestRecord | None]],
+) -> RequestRecord | None:
+    """Run ``serve`` under an admission slot, or refuse the request (503, one record); the
+    slot is given back however ``serve`` ends. None: ``serve`` answered without a record."""
+    admission = policies.admission
+    if not admission.try_admit(arrival, request_id):
+        return await refuse(request_id, arrival, ports, policies, sink)
+    try:
+        return await serve()
+    finally:
+        admission.release()
+
+
 async def serve_admitted(
     request: ClientRequest, ports: Ports, policies: Policies, sink: ClientSink
 ) -> RequestRecord:
-    """Serve ``request`` if admission lets it in, else refuse it (the simulator's entry)."""
-    admission = policies.admission
-    if not admission.try_admit(request.arrival, request.request_id):
-        return await refuse(request.request_id, request.arrival, ports, policies, sink)
-    try:
-        return await serve_request(request, ports, policies, sink)
-    finally:
-        admission.release()
+    """Serve a request whole on arrival (the simulator's) if admission lets it in."""
+
+    def serve() -> Awaitable[RequestRecord]:
+        return serve_request(request, ports, policies, sink)
+
+    record = await admit_and_serve(
+        request.request_id, request.arrival, ports, policies, sink, serve
+    )
+    assert record is not None  # the lifecycle and a refusal both record
+    return record

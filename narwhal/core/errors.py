@@ -37,6 +37,7 @@ class FaultKind(Enum):
     DEADLINE = "deadline"  # the original request deadline passed
     NO_ENGINE = "no_engine"  # no engine of a role is eligible (503 + Retry-After)
     OVERLOADED = "overloaded"  # the router's own bound on requests in flight (503 + Retry-After)
+    MODEL_NOT_FOUND = "model_not_found"  # a model the pinned contract does not serve (404)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ FAULT_RULES: dict[FaultKind, FaultRule] = {
     FaultKind.DEADLINE: FaultRule(504, False, False, "request_timeout"),
     FaultKind.NO_ENGINE: FaultRule(503, False, False, "no_engine_available"),
     FaultKind.OVERLOADED: FaultRule(503, False, False, "router_overloaded"),
+    # vLLM's own answer to a model it does not serve (type and param as vLLM writes them)
+    FaultKind.MODEL_NOT_FOUND: FaultRule(404, False, False, "NotFoundError"),
 }
 
 
@@ -81,12 +84,13 @@ class Fault:
     retryable: bool
     error_type: str
     upstream_body: dict[str, Any] | None = None  # an engine 4xx body, passed through as is
+    param: str | None = None  # the request field at fault (the error object's ``param``)
 
     def error_body(self) -> dict[str, Any]:
         """The OpenAI-shaped error object sent to the client."""
         if self.upstream_body is not None:
             return self.upstream_body
-        return wire.error_object(self.status, self.message, self.error_type)
+        return wire.error_object(self.status, self.message, self.error_type, param=self.param)
 
 
 def fault(
@@ -97,6 +101,7 @@ def fault(
     phase: str,
     status: int | None = None,
     upstream_body: dict[str, Any] | None = None,
+    param: str | None = None,
 ) -> Fault:
     """Build a :class:`Fault`, applying :data:`FAULT_RULES`.
 
@@ -119,4 +124,5 @@ def fault(
         retryable=retryable,
         error_type=rule.error_type,
         upstream_body=upstream_body,
+        param=param,
     )

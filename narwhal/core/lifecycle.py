@@ -22,6 +22,8 @@ Theory of operation (one attempt):
 Per-request disaggregation (:mod:`narwhal.core.routing.disagg`) may skip steps 1-2: a short
 uncached prompt, or no placeable producer with ``no_producer = "local"``, goes straight to a
 consumer that computes the prompt itself (the contract's same-worker path).
+A request naming a model the pinned contract does not serve is answered 404 before step 1
+(:mod:`narwhal.core.served_model`): no attempt, no engine asked.
 Faults are charged to the engine that caused them (breaker streak, quarantine); a transient fault
 before commit starts a fresh attempt (new ids, new placement, new producer ownership) when
 attempts, the deadline and the retry budget allow; otherwise the client gets the fault's status.
@@ -55,6 +57,7 @@ from narwhal.core.records import RequestRecord
 from narwhal.core.requests import ClientRequest, decode_body
 from narwhal.core.retry import Deadline
 from narwhal.core.routing.disagg import NO_PRODUCER, SHORT_PROMPT
+from narwhal.core.served_model import unserved_model
 from narwhal.core.sse import EventKind, SseEvent
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
@@ -117,6 +120,10 @@ class _Lifecycle:
         budget.request_started()
         holding_retry = False
         try:
+            unserved = unserved_model(self.request.body, self.policies.config)
+            if unserved is not None:  # answered for the fleet: no placement, nobody charged
+                await self._fail(unserved)
+                return self._finish_record()
             while True:
                 self.attempts += 1
                 started = self.ports.clock.now()

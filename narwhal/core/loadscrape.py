@@ -16,9 +16,11 @@ scrape (:func:`scrape_load`) is bounded in time (``max_report_age_s``, at most
 :func:`~narwhal.core.routing.vllm_metrics.engine_load` (the pinned model's samples, when a
 contract pins one) and stamped with the time its answer arrived. A scrape that gives no load is
 counted (``LoadReports.refused``) and, when that is news, logged as a ``load_report_ignored``
-decision with the reason; the next good one logs ``load_report_resumed``. The simulator does
-not scrape: its engines report their true load at the same interval
-(:mod:`narwhal.sim.loadreports`).
+decision with the reason; the next good one logs ``load_report_resumed``. What a scrape's answer
+means (:func:`scrape_outcome`) and what is done with it (:func:`take_scrape`) are the same in
+both worlds: the simulator does not send the request (its engines' gauges are known exactly,
+and a request would draw on their fault switches), but hands each answer, a load or the reason
+there is none, to :func:`take_scrape` at the same interval (:mod:`narwhal.sim.loadreports`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def scraped_engines(config: NarwhalConfig) -> list[str]:
     ]
 
 
-def _read(reply: CallResult, model: str | None) -> EngineLoad | str:
+def scrape_outcome(reply: CallResult, model: str | None) -> EngineLoad | str:
     """The load a scrape's answer reports, or why it reports none."""
     if isinstance(reply, ConnectFailed):
         return f"GET {METRICS_PATH} {reply.reason}"
@@ -69,8 +71,14 @@ async def scrape_load(url: str, ports: Ports, policies: Policies) -> bool:
     reply = await ports.transport.call(
         url, "GET", METRICS_PATH, None, {}, ports.clock.now() + timeout
     )
-    now = ports.clock.now()
-    load = _read(reply, contract.model if contract is not None else None)
+    now = ports.clock.now()  # the answer's time, before reading it
+    load = scrape_outcome(reply, contract.model if contract is not None else None)
+    return take_scrape(url, load, now, policies)
+
+
+def take_scrape(url: str, load: EngineLoad | str, now: float, policies: Policies) -> bool:
+    """Report the ``load`` a scrape of ``url`` gave at ``now``, or count and (when that is
+    news) log why it gave none; False when it gave none."""
     reports = policies.placement.load_reports
     if not reports.tracks(url):
         return False  # removed by a reload while it was scraped

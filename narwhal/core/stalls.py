@@ -20,6 +20,11 @@ the replies that came during the stall are in, whatever part of the stall the he
 not see (it cannot tell when in its period a stall began). The wait ends only once that time has
 passed. A stall shorter than the tolerance plus a heartbeat period can go unseen: the precision
 of a deadline under stalls. The ledger reads no clock; callers pass ``now``.
+
+Only the live router uses the ledger: a simulated router is never stalled (the core's work takes
+no simulated time, and simulated time does not pass while it runs), so in a simulation every
+deadline is exact and nothing needs pushing back; the decision lives here all the same, and the
+live waits (:mod:`narwhal.live.waits`) only apply it.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ Theory of operation (paths):
   (:mod:`narwhal.emulator.handoff`), a second listening socket served by the same app (``/kv``
   works on both ports; the router's ``release_handoff`` uses the HTTP port).
 - ``/health``, ``/version``, ``/v1/models``, ``/metrics`` (:mod:`narwhal.emulator.surfaces`).
+- ``POST /tokenize`` and ``/detokenize`` (:mod:`narwhal.emulator.tokenizer`).
 - ``/admin/faults`` and ``/admin/state`` (:mod:`narwhal.emulator.admin`; the faults are acted
   out by :mod:`narwhal.emulator.acting`).
 The lifespan opens the HTTP client for KV pulls and starts the engine-wide faults given before
@@ -30,8 +31,10 @@ from narwhal.emulator.handoff import Handoff
 from narwhal.emulator.inference import Inference
 from narwhal.emulator.state import EmulatorConfig, EngineState
 from narwhal.emulator.surfaces import METRICS_HEADERS, metrics, models
+from narwhal.emulator.tokenizer import detokenize, tokenize
 
 INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions")
+TOKENIZER_PATHS = {"/tokenize": tokenize, "/detokenize": detokenize}
 
 
 class EmulatorApp:
@@ -81,6 +84,9 @@ class EmulatorApp:
             await json_reply(send, 200, models(self.config))
         elif method == "GET" and path == "/metrics":
             await reply(send, 200, metrics(self.engine).encode(), METRICS_HEADERS)
+        elif method == "POST" and path in TOKENIZER_PATHS:
+            status, answer = TOKENIZER_PATHS[path](self.config, raw)
+            await json_reply(send, status, answer)
         elif method == "GET" and path.startswith("/kv/blocks/"):
             await self.handoff.blocks(path.removeprefix("/kv/blocks/"), scope, send)
         elif method == "POST" and path == "/kv/release":

@@ -1,41 +1,45 @@
 """The emulated engine's prefix cache and its counters (vLLM's automatic prefix caching).
 
-Rule kept here: a prompt's full blocks are hashed as a chain, as vLLM hashes them (each block's
-hash covers the previous block's hash and the block's tokens), so equal hashes mean equal
-prefixes; a lookup finds the longest cached run from the first block, short of the prompt's
-last token (vLLM always computes it for its logits); the cache is bounded, least recently used
-blocks evicted first; and what was looked up and found is counted under vLLM's metric names
+Rule kept here: the cache is the shared model of vLLM's block pool
+(:class:`~narwhal.engines.block_pool.BlockPool`, which the simulated engine uses too); what is
+the emulator's own is how it names a block's content and what it counts. A prompt's full blocks
+are hashed as a chain, as vLLM hashes them (each block's hash covers the previous block's hash
+and the block's tokens), so equal hashes mean equal prefixes; a lookup finds the longest cached
+run from the first block, short of the prompt's last token (vLLM always computes it for its
+logits); and what was looked up and found is counted under vLLM's metric names
 (``vllm:prefix_cache_queries``, ``vllm:prefix_cache_hits``, in tokens).
 
 Theory of operation: the emulator's tokenizer is one token per character after BOS
 (:mod:`narwhal.emulator.text`), so the token content of a prompt is ``"\\x00" + text`` (BOS as
 one character) cut into ``block_size`` characters per block. :meth:`PrefixCache.lookup` counts
-a query and its hit; :meth:`PrefixCache.insert` records a computed (or pulled) prompt's blocks,
-its first block most recently used of all, so that eviction takes a chain from its end and what
-the cache holds of any chain is a prefix of it. The emulator has no KV memory model: the bound
-is ``capacity`` blocks, not the free blocks of a block pool. Disabled (vLLM's
-``--no-enable-prefix-caching``), nothing is looked up, counted or kept.
+a query and its hit; :meth:`PrefixCache.insert` records a computed (or pulled) prompt's blocks:
+it takes them from the pool (the cached ones touched, the others new, least recently used
+cached blocks evicted when none is free) and frees them at once, last block first, so that
+eviction takes a chain from its end. The emulator has no KV memory model: its pool is
+``capacity`` blocks that hold only cached prompts, never a running request's KV. Disabled
+(vLLM's ``--no-enable-prefix-caching``), nothing is looked up, counted or kept.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+
+from narwhal.engines.block_pool import BlockKey, BlockPool
 
 BOS = "\x00"  # the BOS token, as one character of the token content
 _DIGEST_BYTES = 16
 
 
-def block_hashes(text: str, block_size: int) -> list[bytes]:
+def block_hashes(text: str, block_size: int) -> list[BlockKey]:
     """The chained hashes of the full blocks of a prompt whose text is ``text``."""
     content = BOS + text  # one character per token
-    hashes: list[bytes] = []
+    hashes: list[BlockKey] = []
     previous = b""
     for start in range(0, len(content) // block_size * block_size, block_size):
         hasher = hashlib.blake2b(previous, digest_size=_DIGEST_BYTES)
         hasher.update(content[start : start + block_size].encode("utf-8", "surrogatepass"))
         previous = hasher.digest()
-        hashes.append(previous)
+        hashes.append(int.from_bytes(previous, "big"))
     return hashes
 
 
@@ -46,12 +50,12 @@ class PrefixCache:
         self.block_size = block_size
         self.capacity = capacity
         self.enabled = enabled
-        self._blocks: OrderedDict[bytes, None] = OrderedDict()  # least recently used first
+        self._pool = BlockPool(capacity)
         self.queries = 0  # prompt tokens looked up (vllm:prefix_cache_queries)
         self.hits = 0  # of them, tokens found cached (vllm:prefix_cache_hits)
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self._pool.block_of)
 
     def lookup(self, text: str, prompt_tokens: int) -> int:
         """The prompt tokens of ``text`` found cached (a multiple of the block size, less than
@@ -59,28 +63,27 @@ class PrefixCache:
         if not self.enabled:
             return 0
         limit = (prompt_tokens - 1) // self.block_size
-        cached = 0
-        for block in block_hashes(text, self.block_size)[:limit]:
-            if block not in self._blocks:
-                break
-            cached += 1
+        cached = len(self._pool.match(block_hashes(text, self.block_size), limit))
         self.queries += prompt_tokens
         self.hits += cached * self.block_size
         return cached * self.block_size
 
     def insert(self, text: str) -> None:
-        """The prompt ``text`` was computed or pulled: its blocks are cached, most recently
-        used, its first block most of all; the least recently used go beyond ``capacity``."""
+        """The prompt ``text`` was computed or pulled: its blocks (as many of its first ones as
+        the pool holds) are cached, most recently used, its first block most of all."""
         if not self.enabled:
             return
-        blocks = self._blocks
-        for block in reversed(block_hashes(text, self.block_size)):
-            if block in blocks:
-                blocks.move_to_end(block)
+        pool = self._pool
+        blocks: list[int] = []
+        for key in block_hashes(text, self.block_size)[: self.capacity]:
+            block = pool.block_of.get(key)
+            if block is None:
+                block = pool.take(1)[0]  # a chain holds at most every block: one is free
+                pool.register([key], [block])
             else:
-                blocks[block] = None
-                if len(blocks) > self.capacity:
-                    blocks.popitem(last=False)
+                pool.touch([block])
+            blocks.append(block)
+        pool.free(blocks)
 
     def metric_lines(self, labels: str) -> list[str]:
         """The counters as Prometheus text, under vLLM's names."""

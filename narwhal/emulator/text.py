@@ -8,7 +8,9 @@ Theory of operation: a chat request is rendered with a ChatML-like template, a c
 prompt is taken as is; like the tiny model the real-vLLM tests serve
 (:mod:`narwhal.vllm.tiny_model`), one character is one token and a prompt counts its characters
 plus one (BOS). Token ``i`` is a lowercase letter picked from the
-SHA-256 digest of the prompt.
+SHA-256 digest of the prompt. Token ids (``/tokenize``, ``/detokenize``) follow the tiny
+model's layout: the special tokens first (``<s>``, the BOS, is id 1), then one id per character
+(:func:`token_ids`, :func:`detokenized`).
 """
 
 from __future__ import annotations
@@ -61,3 +63,27 @@ def completion_tokens(text: str, count: int) -> list[str]:
 def completion_text(body: dict[str, Any], chat: bool, max_tokens: int) -> str:
     """The whole text generated for a request body (what a client must receive)."""
     return "".join(completion_tokens(prompt_text(body, chat), max_tokens))
+
+
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>")
+BOS_ID = SPECIAL_TOKENS.index("<s>")
+MAX_TOKEN_ID = len(SPECIAL_TOKENS) + 0x10FFFF  # the last character's id
+
+
+def token_ids(text: str, bos: bool = True) -> list[int]:
+    """The ids of ``text``'s tokens: the BOS (unless ``bos`` is False), then one per character;
+    with the BOS, as many as :func:`prompt_tokens` counts."""
+    ids = [len(SPECIAL_TOKENS) + ord(c) for c in text]
+    return [BOS_ID, *ids] if bos else ids
+
+
+def detokenized(ids: list[int]) -> str:
+    """The text of token ``ids`` (special tokens written as themselves, as a tokenizer's
+    ``decode`` does by default); ``ValueError`` names an id outside the vocabulary."""
+    pieces = []
+    for token in ids:
+        if token < 0 or token > MAX_TOKEN_ID or 0xD800 <= token - len(SPECIAL_TOKENS) < 0xE000:
+            raise ValueError(f"token id {token} is out of vocabulary")
+        special = token < len(SPECIAL_TOKENS)
+        pieces.append(SPECIAL_TOKENS[token] if special else chr(token - len(SPECIAL_TOKENS)))
+    return "".join(pieces)

@@ -16,7 +16,9 @@ group; the task group is the core's ``spawn`` port (probes, health checks, load 
 runs the maintenance loop and the load scrape loop (:mod:`narwhal.core.loadscrape`, idle unless
 a phase is placed by ``least_loaded``), and, for a router given its configuration file, the
 reload loop (:mod:`narwhal.live.reload`). The inference routes are served by
-:class:`narwhal.live.inference.Inference` (admission, the body, the core's lifecycle). Requests
+:class:`narwhal.live.inference.Inference` (admission, the body, the core's lifecycle);
+``/tokenize`` and ``/detokenize`` by :class:`narwhal.live.passthrough.PassThroughHandler` (one
+ready engine answers, :mod:`narwhal.core.passthrough`). Requests
 are routed by a dict of path and method (:meth:`Router.handle`); an unknown path is a 404 and a
 wrong method a 405, both OpenAI error objects, and no path is ever redirected (a redirect built
 from the request would echo its Host header). Every finished request yields one
@@ -42,6 +44,7 @@ from narwhal.core import wire
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.jsonparse import parse_json
 from narwhal.core.loadscrape import load_scrape_loop
+from narwhal.core.passthrough import DETOKENIZE, TOKENIZE, PassThrough
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports, Reply
 from narwhal.core.probe import maintenance_loop
@@ -58,6 +61,7 @@ from narwhal.live.h1server import Handler
 from narwhal.live.inference import Inference
 from narwhal.live.lag import LagMonitor
 from narwhal.live.metrics import RouterMetrics, status_document
+from narwhal.live.passthrough import PassThroughHandler
 from narwhal.live.reload import DEFAULT_POLL_S, ConfigReloader
 from narwhal.live.reporting import ModelLabels, RequestLog, RequestReporter
 from narwhal.live.tracing import start_tracing
@@ -134,6 +138,7 @@ class Router:
         self._announce = announce
         self._stopping = False
         self._ports: Ports | None = None
+        self.passthrough = PassThrough()
         inference = Inference(self, COMPLETIONS), Inference(self, CHAT)
         # path -> method -> handler (HEAD is answered by GET's handler, without a body)
         self.routes: dict[str, dict[str, Handler]] = {
@@ -144,6 +149,9 @@ class Router:
             "/livez": {"GET": self._livez},
             "/metrics": {"GET": self._metrics},
             "/status": {"GET": self._status},
+            # vLLM's tokenizer routes, answered by a ready engine (narwhal.core.passthrough)
+            TOKENIZE: {"POST": PassThroughHandler(self, TOKENIZE)},
+            DETOKENIZE: {"POST": PassThroughHandler(self, DETOKENIZE)},
         }
         self.hosts = HostGate(config.client.allowed_hosts)
 

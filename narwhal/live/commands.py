@@ -4,6 +4,9 @@ Rule kept here: handlers only parse arguments, build the live pieces and report;
 status is an int (0 success, 1 a check or the server failed, 2 bad configuration or usage).
 Heavy imports happen inside the handlers so ``narwhal --help`` stays fast. ``serve``
 reloads its configuration file on SIGHUP and when the file changes (:mod:`narwhal.live.reload`).
+Both commands take the fleet from ``--config FILE`` or, as vllm-router does, from repeated
+``--prefill URL`` and ``--decode URL`` (every other setting at its default; nothing to reload);
+either way the configuration is built by :mod:`narwhal.config_file`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ API_KEY_ENV = "NARWHAL_API_KEY"
 def register(subparsers: Any) -> None:
     """Add ``serve`` and ``preflight`` to the ``narwhal`` command."""
     serve = subparsers.add_parser("serve", help="run the router in front of the configured fleet")
-    serve.add_argument("--config", required=True, help="TOML configuration file")
+    add_fleet_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000)
     keys = serve.add_mutually_exclusive_group()
@@ -69,9 +72,23 @@ def register(subparsers: Any) -> None:
     preflight = subparsers.add_parser(
         "preflight", help="check the engine contract, roles and every KV handoff pair"
     )
-    preflight.add_argument("--config", required=True, help="TOML configuration file")
+    add_fleet_arguments(preflight)
     preflight.add_argument("--seed", type=int, default=0)
     preflight.set_defaults(func=preflight_command)
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The fleet: a configuration file, or engine URLs on the command line."""
+    parser.add_argument("--config", default=None, metavar="FILE", help="TOML configuration file")
+    for role in ("prefill", "decode"):
+        parser.add_argument(
+            f"--{role}",
+            action="append",
+            default=[],
+            metavar="URL",
+            help=f"a {role} engine's base URL, instead of --config (repeatable; every other "
+            "setting at its default)",
+        )
 
 
 def resolve_api_key(
@@ -96,12 +113,25 @@ def resolve_api_key(
     return key
 
 
-def _load(path: str) -> Any:
-    from narwhal.config_file import load_config
+def _load(args: argparse.Namespace) -> Any:
+    """The configuration ``--config`` or ``--prefill`` / ``--decode`` give, or None once the
+    problem has been told on stderr."""
+    from narwhal.config_file import config_from_urls, load_config
     from narwhal.core.config import ConfigError
 
+    urls = bool(args.prefill or args.decode)
+    if (args.config is None) == (not urls):
+        given = "both" if urls else "neither"
+        print(
+            f"narwhal {args.command}: give either --config FILE or --prefill URL and --decode URL "
+            f"(got {given})",
+            file=sys.stderr,
+        )
+        return None
     try:
-        return load_config(path)
+        if args.config is not None:
+            return load_config(args.config)
+        return config_from_urls(args.prefill, args.decode)
     except ConfigError as error:
         print(f"narwhal: {error}", file=sys.stderr)
         return None
@@ -120,7 +150,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if not 0 <= args.reload_poll_s <= 3600:
         print("narwhal serve: --reload-poll-s must be within 0..3600", file=sys.stderr)
         return 2
-    config = _load(args.config)
+    config = _load(args)
     if config is None:
         return 2
     try:
@@ -169,7 +199,7 @@ def preflight_command(args: argparse.Namespace) -> int:
 
     from narwhal.live.preflight import format_table, run_preflight
 
-    config = _load(args.config)
+    config = _load(args)
     if config is None:
         return 2
     rows = anyio.run(lambda: run_preflight(config, seed=args.seed))

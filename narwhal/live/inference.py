@@ -6,18 +6,21 @@ JSON, 413 a body too large or holding too many JSON values, 400 malformed JSON o
 core's parser refuses), and every other answer is the core's.
 
 Theory of operation: an :class:`Inference` serves one route (completions or chat) for its
-router. A request first takes an admission slot (``Policies.admission``; refused: the core's
-503 with Retry-After, :func:`narwhal.core.entry.refuse`), held until it ends, then reads and
-parses its body once within ``[admission]``'s bounds, and runs the core's lifecycle in a scope
-that the connection's end cancels (:class:`narwhal.live.sink.CancelledOnDisconnect`): a client
-disconnect cancels the lifecycle, whose ``finally`` releases every reservation and abandoned
-handoff.
+router. A request enters through the core's one entry,
+:func:`narwhal.core.entry.admit_and_serve`: it takes an admission slot (refused: the core's 503
+with Retry-After), held until it ends, then reads and parses its body once within
+``[admission]``'s bounds, and runs the core's lifecycle in a scope that the connection's end
+cancels (:class:`narwhal.live.sink.CancelledOnDisconnect`): a client disconnect cancels the
+lifecycle, whose ``finally`` releases every reservation and abandoned handoff. When the server's
+shutdown grace period cancels it instead, the client gets the core's shutdown answer
+(:mod:`narwhal.core.shutdown`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -25,17 +28,19 @@ import anyio
 
 from narwhal.core import wire
 from narwhal.core.config import NarwhalConfig
-from narwhal.core.entry import refuse
-from narwhal.core.jsonparse import TooManyValues, parse_bounded_json
+from narwhal.core.entry import admit_and_serve
 from narwhal.core.lifecycle import serve_request
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports
+from narwhal.core.records import RequestRecord
 from narwhal.core.requests import BadRequest, ClientRequest, parse_client_request
+from narwhal.core.shutdown import answer_shutdown
 from narwhal.core.stalls import StallLedger
+from narwhal.live.bodies import BodyRefused, parse_body, read_bounded_body, too_large
 from narwhal.live.clock import AnyioClock
 from narwhal.live.gate import json_refusal
 from narwhal.live.h1request import EdgeRequest, Response
-from narwhal.live.reporting import SHUTDOWN_MESSAGE, RequestReporter, ServedRequest
+from narwhal.live.reporting import RequestReporter, ServedRequest
 from narwhal.live.sink import CancelledOnDisconnect, ResponseSink
 
 log = logging.getLogger("narwhal.live")
@@ -66,16 +71,13 @@ SHUTDOWN_WRITE_S = 1.0  # the most a request cut short by shutdown waits to tell
 
 
 async def _answer_shutdown(sink: ResponseSink) -> None:
-    """End a request cut short by shutdown: 503 before the commit, a terminal event after."""
+    """Give a request cut short by shutdown the core's answer, if its client can still get
+    it."""
     if sink.gone or sink.finished or sink.cut:
         return
-    error = wire.error_object(503, SHUTDOWN_MESSAGE, "service_unavailable")
     log.warning("request cut short by the shutdown grace period")
-    with contextlib.suppress(Exception):
-        if not sink.started:
-            await sink.respond(503, error, {"retry-after": "1"})
-            return
-        await sink.finish(wire.sse_event(wire.to_json(error)))
+    with contextlib.suppress(Exception):  # nothing more can be done for this client
+        await answer_shutdown(sink, sink.started, math.inf)
 
 
 class Inference:
@@ -100,19 +102,18 @@ class Inference:
             await sink.respond(415, not_json, {})
             sink.done()
             return None
-        admission = router.policies.admission
-        if not admission.try_admit(arrival, request_id):  # before the body is read
-            await refuse(request_id, arrival, router.ports, router.policies, sink)
-            sink.done()
+
+        async def serve() -> RequestRecord | None:  # admitted: before the body is read
+            served = router.reporter.begin(request_id, self.endpoint, headers, sink)
+            try:
+                parsed = await self._read_request(request, sink, request_id, arrival)
+                if parsed is not None:
+                    await self._serve(parsed, request, sink, served)
+            finally:
+                router.reporter.end(served)
             return None
-        served = router.reporter.begin(request_id, self.endpoint, headers, sink)
-        try:
-            parsed = await self._read_request(request, sink, request_id, arrival)
-            if parsed is not None:
-                await self._serve(parsed, request, sink, served)
-        finally:
-            admission.release()
-            router.reporter.end(served)
+
+        await admit_and_serve(request_id, arrival, router.ports, router.policies, sink, serve)
         sink.done()
         return None
 
@@ -128,17 +129,9 @@ class Inference:
             return None
         admission = self.router.config.admission
         try:
-            body = parse_bounded_json(raw, admission.max_json_values)
-        except TooManyValues as too_many:
-            message = f"{too_many} (admission.max_json_values)"
-            await sink.respond(413, wire.error_object(413, message, "invalid_request_error"), {})
-            return None
-        except ValueError as error:
-            await sink.respond(
-                400,
-                wire.error_object(400, f"malformed JSON body: {error}", "invalid_request_error"),
-                {},
-            )
+            body = parse_body(raw, admission.max_json_values)
+        except BodyRefused as refused:
+            await sink.respond(refused.status, refused.error, {})
             return None
         try:
             return parse_client_request(
@@ -178,28 +171,11 @@ class Inference:
         (The first read answers ``expect: 100-continue``: a body declared too large is refused
         before the client sends it.)"""
         limit = self.router.config.admission.max_body_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            await sink.respond(413, _too_large(limit), {})
-            return None
-        parts: list[bytes] = []
-        size = 0
         try:
-            while chunk := await request.readany():
-                size += len(chunk)
-                if size > limit:
-                    await sink.respond(413, _too_large(limit), {})
-                    return None
-                parts.append(chunk)
+            raw = await read_bounded_body(request, limit)
         except OSError:  # the connection was lost (or cut by client.body_timeout_s)
             sink.gone = True
             return None
-        return b"".join(parts)
-
-
-def _too_large(limit: int) -> dict[str, object]:
-    return wire.error_object(
-        413,
-        f"request body larger than {limit} bytes (admission.max_body_bytes)",
-        "invalid_request_error",
-    )
+        if raw is None:
+            await sink.respond(413, too_large(limit), {})
+        return raw

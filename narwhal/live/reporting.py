@@ -6,7 +6,8 @@ for every ending the core sees; the one it cannot see is the server's own shutdo
 grace period ends, the server cancels the request and the core's ``finally`` records a
 cancelled request (``client_gone``) although the client is still there and is then answered by
 the app (503, or a terminal event after the commit). Such a record is held until the app says
-how it ended it (:meth:`RequestReporter.shut_down`), and is reported then as ``shutdown``.
+how it ended it (:meth:`RequestReporter.shut_down`), and is reported then as the core says
+such a request is recorded (:func:`narwhal.core.shutdown.shutdown_record`).
 
 Theory of operation: the app calls :meth:`RequestReporter.begin` for each admitted inference
 request and :meth:`RequestReporter.end` when done with it. ``begin`` makes a
@@ -26,16 +27,13 @@ from contextvars import ContextVar, Token
 from typing import Any, BinaryIO
 
 from narwhal.core.records import RequestRecord
+from narwhal.core.shutdown import CANCELLED, shutdown_record
 from narwhal.live.clock import AnyioClock, to_wall
 from narwhal.live.jsonwrite import json_line
 from narwhal.live.metrics import RouterMetrics
 from narwhal.live.sink import ResponseSink
 from narwhal.live.tracing import RequestTrace, RouterTracing
 
-CANCELLED = "client_gone"  # what the core records for a request its driver cancelled
-SHUTDOWN = "shutdown"
-SHUTDOWN_STATUS = 503
-SHUTDOWN_MESSAGE = "the router is shutting down; retry the request"
 UNKNOWN_MODEL = "unknown"  # the body was never read (refused at admission)
 OTHER_MODEL = "other"  # a model string outside the known set
 MAX_MODEL_LABELS = 32
@@ -131,21 +129,6 @@ class ServedRequest:
 
 
 CURRENT: ContextVar[ServedRequest | None] = ContextVar("narwhal_served_request", default=None)
-
-
-def shutdown_record(record: RequestRecord, committed: bool) -> RequestRecord:
-    """``record`` as its client got it when shutdown ended it: 503, or (``committed``) a 200
-    stream ended by a terminal event carrying 503 (a committed failure records the fault's
-    status, as every other one does)."""
-    values = record.as_dict()
-    values.update(
-        outcome=SHUTDOWN,
-        status=SHUTDOWN_STATUS,
-        committed=committed,
-        error=SHUTDOWN_MESSAGE,
-        engines=record.engines,
-    )
-    return RequestRecord(**values)
 
 
 class RequestReporter:

@@ -34,10 +34,10 @@ body is left) is drained: it stays open for up to ``DRAIN_S`` (reading pauses pa
 connection's buffer bound meanwhile); if the body ends in time the connection goes back to the
 pool, else it is closed. A drain is a loop timer, not a task. A wait that does not finish (a
 deadline, a cancellation) closes its connection: its response may still come.
-``release_handoff`` POSTs the descriptor to ``<producer>/kv/release`` (Narwhal's emulator serves
-it; a real vLLM has no such endpoint) in a task the transport owns, bounded by
-``BACKGROUND_TIMEOUT_S``: an engine that answers 404/405 is remembered and never asked again, and
-every error is ignored. The transport is an async context manager: leaving it closes the open
+``release_handoff`` POSTs the descriptor to ``<producer>/kv/release`` in a task the transport
+owns, bounded by ``BACKGROUND_TIMEOUT_S``; whom to ask and what an answer teaches (a 404/405:
+never asked again) is the core's :class:`~narwhal.core.handoff_release.HandoffReleases`.
+The transport is an async context manager: leaving it closes the open
 streams and pending drains, waits for the release tasks (each bounded) and closes the pool's
 idle connections. Used without ``async with`` (e.g. by ``EngineClient.http``), call
 :meth:`aclose` when done.
@@ -49,6 +49,7 @@ import asyncio
 from types import TracebackType
 from typing import Any
 
+from narwhal.core.handoff_release import RELEASE_PATH, HandoffReleases
 from narwhal.core.legs import MAX_REPLY_BYTES
 from narwhal.core.ports import (
     CallResult,
@@ -69,7 +70,6 @@ from narwhal.live.h1errors import EngineProtocolError
 from narwhal.live.jsonwrite import encode_json
 from narwhal.live.waits import DeadlinePassed, ReadDeadline, deadline_at
 
-RELEASE_PATH = "/kv/release"
 BACKGROUND_TIMEOUT_S = 2.0
 DRAIN_S = 0.1
 MAX_CACHED_ORIGINS = 1024
@@ -129,7 +129,7 @@ class EngineTransport:
         self._stalls = stalls  # the router's stalls, which extend every deadline (None: exact)
         self.pool = H1Pool(max_connections, keepalive_expiry_s)
         self._origins: dict[str, Origin] = {}
-        self._no_release: set[str] = set()
+        self.releases = HandoffReleases()  # the producers not asked again
         self._open: set[H1Stream] = set()  # handed to the core, not closed yet
         self._draining: dict[H1Stream, asyncio.TimerHandle] = {}  # closed, body not at its end
         self._releases: set[asyncio.Task[None]] = set()  # owned: awaited by aclose()
@@ -350,18 +350,17 @@ class EngineTransport:
         stream.conn.close()
 
     def release_handoff(self, producer_url: str, descriptor: dict[str, Any]) -> None:
-        if producer_url in self._no_release or self._closing:
+        if self._closing or not self.releases.asks(producer_url):
             return
         task = asyncio.get_running_loop().create_task(self._release(producer_url, descriptor))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
     async def _release(self, producer_url: str, descriptor: dict[str, Any]) -> None:
-        body = {"kv_transfer_params": descriptor}
+        body = self.releases.body(descriptor)
         deadline = self._clock.now() + BACKGROUND_TIMEOUT_S
         reply = await self.call(producer_url, "POST", RELEASE_PATH, body, {}, deadline)
-        if isinstance(reply, Reply) and reply.status in (404, 405):
-            self._no_release.add(producer_url)
+        self.releases.answered(producer_url, reply)
 
 
 class _Refused(Exception):

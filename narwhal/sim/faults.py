@@ -125,15 +125,26 @@ class FaultWindow:
     probability: float = 1.0
     after_tokens: int = 0
 
+    def parameters(self) -> dict[str, object]:
+        """The parameters its kind takes, and only those (a hang has none, a slow engine its
+        ``factor``, a stall its ``probability`` and ``after_tokens``)."""
+        taken: dict[str, object] = {}
+        if self.kind in FACTOR_FAULTS:
+            taken["factor"] = self.factor
+        if self.kind in REQUEST_FAULTS:
+            taken["probability"] = self.probability
+        if self.kind in STREAM_FAULTS:
+            taken["after_tokens"] = self.after_tokens
+        return taken
+
     def as_dict(self) -> dict[str, object]:
+        """The window as ``faults.csv`` records it (parameters its kind does not take absent)."""
         return {
             "engine": self.url,
             "kind": self.kind,
             "start": self.start,
             "end": self.end,
-            "factor": self.factor,
-            "probability": self.probability,
-            "after_tokens": self.after_tokens,
+            **self.parameters(),
         }
 
 

@@ -13,7 +13,10 @@ waiting for their KV pull (vLLM keeps those in its waiting queue), ``num_request
 sequences prefilling or decoding, ``kv_cache_usage_perc`` the share of KV blocks not free. A
 crashed engine answers no scrape, so it reports nothing (its last report goes stale); a hung
 one still serves ``/metrics`` (vLLM's API server lives on) with the gauges its engine core last
-published, so it repeats the load it showed at its first scrape while hung.
+published, so it repeats the load it showed at its first scrape while hung. Each answer goes
+through the core's handling of a scrape (:func:`~narwhal.core.loadscrape.take_scrape`), so a
+crashed engine's refused scrape is counted and logged (``load_report_ignored``, then
+``load_report_resumed``) as live logs it.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from typing import Any
 
 import simpy
 
-from narwhal.core.loadscrape import scraped_engines
+from narwhal.core.loadscrape import scrape_outcome, scraped_engines, take_scrape
 from narwhal.core.policies import Policies
+from narwhal.core.ports import ConnectFailed
 from narwhal.core.routing.load import EngineLoad
 from narwhal.sim.gpu.engine import SimEngine
 
@@ -46,8 +50,8 @@ def start_load_reports(
     if not urls:
         return
     interval = policies.config.routing.least_loaded.scrape_interval_s
-    placement = policies.placement
     frozen: dict[str, EngineLoad] = {}  # a hung engine's gauges, as they were when it hung
+    refused = scrape_outcome(ConnectFailed("refused"), None)  # a crashed engine's answer
 
     def report() -> Any:
         while True:
@@ -55,15 +59,16 @@ def start_load_reports(
             for url in urls:
                 engine = engines[url]
                 switches = engine.switches
+                load: EngineLoad | str
                 if switches.down:
                     frozen.pop(url, None)
-                    continue
-                if switches.hung:
+                    load = refused
+                elif switches.hung:
                     load = frozen.setdefault(url, engine_load(engine))
                 else:
                     frozen.pop(url, None)
                     load = engine_load(engine)
-                placement.report_load(url, load, now)
+                take_scrape(url, load, now, policies)
             yield env.timeout(interval)
 
     env.process(report())

@@ -230,7 +230,7 @@ def engine_settings(result: RunResult) -> dict[str, Any]:
     params = fleet.engine_params()
     return {
         "engine_settings": {
-            "gpu": fleet.gpu_name,
+            "gpu": fleet.device_name,
             "max_num_seqs": params.max_num_seqs,
             "max_num_batched_tokens": params.max_num_batched_tokens,
             "num_blocks": params.num_blocks,

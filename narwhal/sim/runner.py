@@ -39,7 +39,6 @@ from narwhal.sim.gpu.handoffs import Registry
 from narwhal.sim.gpu.prefix import prompt_text
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.loadreports import start_load_reports
-from narwhal.sim.model_shape import model_shape
 from narwhal.sim.replicas import RouterReplicas
 from narwhal.sim.scenario import Scenario
 from narwhal.sim.timing import LinearStepTiming
@@ -101,7 +100,7 @@ def run(
             bandwidth_gbps=fleet.link_bandwidth_gbps,
             setup_s=fleet.link_setup_ms / 1e3,
             topology=fleet.topology,
-            ranks=model_shape(fleet.model).tp,  # each TP rank pulls its own shard (NIXL)
+            ranks=fleet.shape().tp,  # each TP rank pulls its own shard (NIXL)
         )
     conditions: list[dict[str, Any]] = []
 

@@ -26,7 +26,10 @@ from narwhal.config_file import parse_toml, read_toml
 from narwhal.core.config import ConfigError, NarwhalConfig, parse_config, validation_problems
 from narwhal.sim.faults import FaultSpec, targets
 from narwhal.sim.gpu.params import EngineParams
-from narwhal.sim.model_shape import model_shape
+from narwhal.sim.model_shape import ModelShape, model_shape
+from narwhal.sim.profiles import store as profiles
+from narwhal.sim.profiles.gpus import GPUS, shape_of
+from narwhal.sim.profiles.opstep import capture_sizes
 from narwhal.sim.replicas import RouterReplicaSettings
 from narwhal.sim.tensor_parallel import (
     NVLINK_H200_BUS_GBPS,
@@ -89,14 +92,22 @@ class FleetSettings(_Strict):
     prefill: int = Field(0, ge=0)
     decode: int = Field(0, ge=0)
     both: int = Field(0, ge=0)
+    # "H200": the closed-form model fitted to the bundled H200 microbenchmark (models llama3-8b,
+    # llama3-70b-tp4); any other: a bundled per-operator profile of that GPU (narwhal/sim/
+    # profiles), with `model` its Hugging Face id (e.g. gpu = "RTXPRO6000", model =
+    # "meta-llama/Llama-3.1-8B")
+    gpu: str = "H200"
     model: str = "llama3-8b"
+    tensor_parallel: int = Field(1, ge=1)  # per-operator profiles: the engine's TP degree
+    cuda_graphs: bool = True  # per-operator profiles: vLLM's default CUDA graphs (else eager)
     # None: vLLM's defaults for the GPU and the usage context (narwhal/sim/vllm_defaults.py)
     max_num_seqs: int | None = Field(None, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=16)
     block_size: int = Field(16, ge=1)
     kv_cache_tokens: int | None = Field(None, ge=64)  # None: vLLM's sizing from GPU memory
-    gpu_name: str = "NVIDIA H200"  # as torch reports it: vLLM's batch defaults check "a100"
-    gpu_memory_gb: float = Field(141.0, gt=0)  # total device memory, 1e9 bytes
+    # as torch reports it (vLLM's batch defaults check "a100"); None: the `gpu`'s own
+    gpu_name: str | None = None
+    gpu_memory_gb: float | None = Field(None, gt=0)  # total, 1e9 bytes; None: the `gpu`'s own
     gpu_memory_utilization: float = Field(DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
     usage_context: UsageContext = "api_server"  # vllm serve; "llm_class": vllm.LLM(...)
     # tensor-parallel all-reduce (TP > 1 models): NCCL bus bandwidth GB/s and latency per call;
@@ -123,8 +134,23 @@ class FleetSettings(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> FleetSettings:
-        if self.model not in model_names():
-            raise ValueError(f"model {self.model!r} is not in the profile ({model_names()})")
+        if self.gpu not in GPUS:
+            raise ValueError(f"gpu {self.gpu!r} is not known; known: {', '.join(sorted(GPUS))}")
+        if self.fitted_h200:
+            if self.model not in model_names():
+                raise ValueError(f"model {self.model!r} is not in the profile ({model_names()})")
+            if "tensor_parallel" in self.model_fields_set or "cuda_graphs" in self.model_fields_set:
+                raise ValueError(
+                    "tensor_parallel and cuda_graphs are for per-operator profiles; on the H200 "
+                    "the model names its TP degree (llama3-70b-tp4)"
+                )
+        else:
+            try:
+                profiles.bundled(self.gpu, self.model)
+            except profiles.ProfileError as error:
+                raise ValueError(str(error)) from None
+            if self.timing == "linear":
+                raise ValueError('timing = "linear" needs gpu = "H200"')
         batch = self.batch()
         if batch.max_num_batched_tokens < batch.max_num_seqs:
             raise ValueError(
@@ -148,14 +174,32 @@ class FleetSettings(_Strict):
         return self
 
     @property
+    def fitted_h200(self) -> bool:
+        """Whether the engines use the closed-form H200 model (else a per-operator profile)."""
+        return self.gpu == "H200"
+
+    @property
     def gpu_memory_bytes(self) -> int:
+        if self.gpu_memory_gb is None:
+            return GPUS[self.gpu].memory_bytes
         return round(self.gpu_memory_gb * 1e9)
+
+    @property
+    def device_name(self) -> str:
+        return self.gpu_name if self.gpu_name is not None else GPUS[self.gpu].name
+
+    def shape(self) -> ModelShape:
+        """The served model's shape (sizes for memory, TP and KV transfers)."""
+        if self.fitted_h200:
+            return model_shape(self.model)
+        config = profiles.model_config(profiles.bundled(self.gpu, self.model))
+        return shape_of(config, self.tensor_parallel, self.model)
 
     def batch(self) -> BatchDefaults:
         """The sequence cap and token budget: as given, else vLLM's defaults for the GPU."""
         return batch_defaults(
             self.gpu_memory_bytes,
-            self.gpu_name,
+            self.device_name,
             self.usage_context,
             self.max_num_seqs,
             self.max_num_batched_tokens,
@@ -165,7 +209,7 @@ class FleetSettings(_Strict):
         """vLLM's KV-cache sizing on one rank of this GPU, for this model and batch."""
         batch = self.batch()
         return kv_cache_budget(
-            model_shape(self.model),
+            self.shape(),
             self.gpu_memory_bytes,
             self.gpu_memory_utilization,
             self.block_size,
@@ -175,7 +219,7 @@ class FleetSettings(_Strict):
 
     def vllm_notes(self) -> list[str]:
         """A note for each engine setting that departs from what vLLM would use here."""
-        vllm = batch_defaults(self.gpu_memory_bytes, self.gpu_name, self.usage_context)
+        vllm = batch_defaults(self.gpu_memory_bytes, self.device_name, self.usage_context)
         given: dict[str, float | int | None] = {
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -190,18 +234,39 @@ class FleetSettings(_Strict):
             given["kv_cache_tokens"] = self.kv_cache_tokens
             sized = self.model_copy(update={"kv_cache_tokens": None}).kv_budget()
             defaults["kv_cache_tokens"] = sized.num_blocks * self.block_size
-        return departures(self.gpu_name, given, defaults)
+        return departures(self.device_name, given, defaults)
 
     def step_timing(self) -> StepTiming:
         """The engines' timing model: fitted to the profile (plus the all-reduces of a TP > 1
-        model), or the emulator's linear one."""
+        model), the per-operator profile of the GPU, or the emulator's linear one."""
+        if not self.fitted_h200:
+            shape = self.shape()
+            batch = self.batch()
+            graphs = capture_sizes(batch.max_num_seqs) if self.cuda_graphs else ()
+            timing = profiles.timing(
+                profiles.bundled(self.gpu, self.model),
+                shape.tp,
+                shape.kv_bytes_per_token_per_rank * shape.tp,
+                graphs,
+            )
+            if not self.tp_allreduce:
+                return timing
+            link = GPUS[self.gpu]  # the GPU's link, unless the scenario states its own
+            given = self.model_fields_set
+            gbps = self.tp_allreduce_gbps if "tp_allreduce_gbps" in given else link.allreduce_gbps
+            latency_us = (
+                self.tp_allreduce_latency_us
+                if "tp_allreduce_latency_us" in given
+                else link.allreduce_latency_us
+            )
+            return with_allreduce(timing, shape, gbps, latency_us / 1e6)
         fitted = step_model(self.model)
         if self.timing == "fitted" and not self.tp_allreduce:
             return fitted
         if self.timing == "fitted":
             return with_allreduce(
                 fitted,
-                model_shape(self.model),
+                self.shape(),
                 self.tp_allreduce_gbps,
                 self.tp_allreduce_latency_us / 1e6,
             )

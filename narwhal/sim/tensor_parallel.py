@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from narwhal.sim.model_shape import ModelShape
-from narwhal.sim.timing import StepModel, StepTiming
+from narwhal.sim.timing import StepTiming
 
 # Estimates, not measurements. NVIDIA's H200 datasheet gives NVLink 4 at 900 GB/s per GPU (both
 # directions: 450 GB/s each way); NCCL all-reduce on HGX H100/H200 reaches roughly 80% of that as
@@ -44,7 +44,7 @@ def allreduce_s(nbytes: float, tp: int, bandwidth_gbps: float, latency_s: float)
 class TensorParallelStep:
     """A one-shard step model plus the step's all-reduces (a :class:`StepTiming`)."""
 
-    shard: StepModel
+    shard: StepTiming
     tp: int
     fixed_s: float  # all-reduce latencies of one step
     per_token_s: float  # all-reduce transfer time per batch token
@@ -57,14 +57,21 @@ class TensorParallelStep:
         return self.fixed_s + self.per_token_s * tokens
 
     def batch_s(
-        self, decodes: int, prefill_tokens: int, decode_context: int, prefill_pairs: float
+        self,
+        decodes: int,
+        prefill_tokens: int,
+        decode_context: int,
+        prefill_pairs: float,
+        prefill_seqs: int = 0,
     ) -> float:
-        shard = self.shard.batch_s(decodes, prefill_tokens, decode_context, prefill_pairs)
+        shard = self.shard.batch_s(
+            decodes, prefill_tokens, decode_context, prefill_pairs, prefill_seqs
+        )
         return shard + self.fixed_s + self.per_token_s * (decodes + prefill_tokens)
 
 
 def with_allreduce(
-    shard: StepModel, shape: ModelShape, bandwidth_gbps: float, latency_s: float
+    shard: StepTiming, shape: ModelShape, bandwidth_gbps: float, latency_s: float
 ) -> StepTiming:
     """``shard`` itself for TP = 1; otherwise ``shard`` plus two all-reduces per layer."""
     if shape.tp <= 1:

@@ -68,7 +68,12 @@ class StepModel:
         return linear + self.per_context_s * decode_context + self.per_pair_s * prefill_pairs
 
     def batch_s(
-        self, decodes: int, prefill_tokens: int, decode_context: int, prefill_pairs: float
+        self,
+        decodes: int,
+        prefill_tokens: int,
+        decode_context: int,
+        prefill_pairs: float,
+        prefill_seqs: int = 0,
     ) -> float:
         """The :class:`StepTiming` interface: :meth:`step_s` of ``decodes + prefill_tokens``."""
         linear = self.base_s + self.per_token_s * (decodes + prefill_tokens)
@@ -84,8 +89,17 @@ class StepTiming(Protocol):
     def kv_bytes_per_token(self) -> int: ...
 
     def batch_s(
-        self, decodes: int, prefill_tokens: int, decode_context: int, prefill_pairs: float
-    ) -> float: ...
+        self,
+        decodes: int,
+        prefill_tokens: int,
+        decode_context: int,
+        prefill_pairs: float,
+        prefill_seqs: int = 0,
+    ) -> float:
+        """One step's GPU time: ``decodes`` decoding sequences (their contexts summing to
+        ``decode_context``) and ``prefill_seqs`` prefill chunks of ``prefill_tokens`` tokens
+        in all (``prefill_pairs`` query-key pairs of attention between them)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -115,7 +129,12 @@ class LinearStepTiming:
     kv_setup_s: float = 0.0
 
     def batch_s(
-        self, decodes: int, prefill_tokens: int, decode_context: int, prefill_pairs: float
+        self,
+        decodes: int,
+        prefill_tokens: int,
+        decode_context: int,
+        prefill_pairs: float,
+        prefill_seqs: int = 0,
     ) -> float:
         step = self.decode_s_per_token
         if decodes > 1:

@@ -105,7 +105,8 @@ class WorkloadSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["trace", "poisson", "gamma", "fixed", "shared_context"] = "trace"
+    kind: Literal["trace", "poisson", "gamma", "fixed", "shared_context", "run"] = "trace"
+    run: str | None = None  # kind = "run": a real run's directory (narwhal/sim/validation/runlog)
     trace: str = "azure2023_conv"  # a bundled trace name or a file path
     rate: float = Field(5.0, gt=0)  # poisson/gamma: requests per second
     cv: float = Field(2.0, gt=0)  # gamma: coefficient of variation of inter-arrival times
@@ -137,6 +138,13 @@ class WorkloadSettings(BaseModel):
             if self.prompt is not None or self.output is not None:
                 raise ValueError("kind = \"fixed\" takes 'prompt_tokens' and 'output_tokens'")
             return self
+        if self.kind == "run":
+            if self.run is None:
+                raise ValueError('kind = "run" needs \'run\' (a run directory)')
+            if self.prompt is not None or self.output is not None:
+                raise ValueError('kind = "run" takes its lengths from the run')
+        elif self.run is not None:
+            raise ValueError("'run' is only for kind = \"run\"")
         fixed_only = sorted(FIXED_ONLY & self.model_fields_set)
         if fixed_only:
             raise ValueError(f'{", ".join(fixed_only)}: only for kind = "fixed"')
@@ -148,6 +156,8 @@ class WorkloadSettings(BaseModel):
             return self  # its stages bound it
         if self.shared_context is not None:
             raise ValueError('[workload.shared_context] needs kind = "shared_context"')
+        if self.kind == "run":
+            return self  # the run bounds it
         if self.duration_s is None and self.max_requests is None:
             raise ValueError("give 'duration_s' or 'max_requests' (or both)")
         if (self.prompt is None) != (self.output is None):
@@ -227,6 +237,18 @@ def _shared_context(w: WorkloadSettings, rng: random.Random) -> Iterator[Arrival
         yield Arrival(t, prompt, output, prefix)
 
 
+def _run(w: WorkloadSettings) -> Iterator[Arrival]:
+    """A real run's requests: arrivals as the engine queued them, lengths as it served them,
+    prompt content identity where the run's dataset gives it."""
+    from pathlib import Path
+
+    from narwhal.sim.validation.runlog import read_run
+
+    requests = read_run(Path(w.run or "")).requests
+    for request in sorted(requests, key=lambda r: r.arrival_s):
+        yield Arrival(request.arrival_s, request.prompt, request.output, request.segments)
+
+
 def generate(w: WorkloadSettings, rng: random.Random) -> list[Arrival]:
     """Every arrival of the workload, in time order."""
     source: Iterator[Arrival]
@@ -236,6 +258,8 @@ def generate(w: WorkloadSettings, rng: random.Random) -> list[Arrival]:
         source = _trace_arrivals(w)
     elif w.kind == "shared_context":
         source = _shared_context(w, rng)
+    elif w.kind == "run":
+        source = _run(w)
     else:
         source = _synthetic(w, rng)
     out: list[Arrival] = []

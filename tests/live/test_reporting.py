@@ -99,7 +99,7 @@ def test_requests_are_counted_by_the_model_they_asked_for(
 ) -> None:
     handle = pair(emulator, router, contract=CONTRACT)
     assert ask(handle, "tiny-llama") == 200
-    assert ask(handle, "made-up-model") == 404  # the engine's answer, passed through
+    assert ask(handle, "made-up-model") == 404  # the router answers for the pinned contract
     metrics = handle.metrics()
     ok = {"outcome": "ok", "status": "200"}
     assert metric_value(metrics, "narwhal_requests_total", model="tiny-llama", **ok) == 1

@@ -57,3 +57,62 @@ def test_stdout_holds_only_json_lines_and_people_read_stderr(
     assert [line["event"] for line in lines] == ["request", "request"]
     assert f"listening on http://127.0.0.1:{port}" in err and producer.url in err
     assert f"(api key off, {EXPECTED_BUILD} build)" in err  # which build serves
+
+
+def test_serve_takes_the_fleet_from_prefill_and_decode_urls_without_a_file(
+    emulator: Callable[..., Emulator],
+) -> None:
+    producer, consumer = emulator("prefill"), emulator("decode")
+    sock = bind("127.0.0.1", 0)
+    port = port_of(sock)
+    sock.close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "narwhal.cli", "serve", "--prefill", producer.url,
+         "--decode", consumer.url, "--port", str(port), "--graceful-s", "1"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                if HTTP.get(url + "/livez", timeout=1).status_code == 200:
+                    break
+            except Exception:
+                assert time.monotonic() < deadline, "narwhal serve did not come up"
+                time.sleep(0.05)
+        reply = HTTP.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert reply.status_code == 200
+        engines = HTTP.get(url + "/status").json()["engines"]
+        assert [(e["url"], e["role"]) for e in engines] == [
+            (producer.url, "prefill"), (consumer.url, "decode")
+        ]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert producer.state()["requests"] == 1 and consumer.state()["requests"] == 1
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "narwhal.cli", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_a_fleet_on_the_command_line_is_checked_as_a_file_is(tmp_path: Path) -> None:
+    bad = run_cli("serve", "--prefill", "http://127.0.0.1:8100", "--decode", "127.0.0.1:8200")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert "--decode: must be an http(s) URL like 'http://127.0.0.1:8100', got " \
+        "'127.0.0.1:8200'" in bad.stderr
+    half = run_cli("preflight", "--prefill", "http://127.0.0.1:8100")
+    assert half.returncode == 2 and "no engine can decode" in half.stderr
+    neither = run_cli("serve")
+    assert neither.returncode == 2
+    assert "give either --config FILE or --prefill URL and --decode URL (got neither)" \
+        in neither.stderr
+    config = tmp_path / "narwhal.toml"
+    config.write_text("")
+    both = run_cli("serve", "--config", str(config), "--decode", "http://127.0.0.1:8200")
+    assert both.returncode == 2 and "(got both)" in both.stderr

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from narwhal.live.reporting import SHUTDOWN_MESSAGE
+from narwhal.core.shutdown import SHUTDOWN_MESSAGE
 from tests.live.conftest import Emulator, RouterHandle
 
 SLOW = {"first_token_timeout_s": 30.0, "decode_read_timeout_s": 30.0, "request_timeout_s": 60.0}

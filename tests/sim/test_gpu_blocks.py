@@ -112,7 +112,7 @@ def test_a_prefix_is_matched_block_for_block_up_to_the_first_miss_and_the_limit(
     second = keyed(2, 64, [10, 11, 77, 78])
     assert admit(blocks, second) == first.blocks[:2]  # shares its first two blocks
     assert second.blocks[:2] == first.blocks[:2] and not set(second.blocks[2:]) & set(first.blocks)
-    assert [blocks.refs[b] for b in first.blocks[:2]] == [2, 2]  # held by both
+    assert [blocks.pool.refs[b] for b in first.blocks[:2]] == [2, 2]  # held by both
 
 
 def test_a_freed_cached_block_stays_reusable_until_evicted_lru_tail_first() -> None:
@@ -123,7 +123,7 @@ def test_a_freed_cached_block_stays_reusable_until_evicted_lru_tail_first() -> N
     blocks.free(old.blocks)
     assert freed == [1] and blocks.num_free == 12
     # the plain block went back on the stack, the keyed ones into the LRU queue, last block first
-    assert list(blocks.evictable) == [held[2], held[1], held[0]]
+    assert list(blocks.pool.evictable) == [held[2], held[1], held[0]]
     assert blocks.match([1, 2, 3], 3) == held[:3]  # still a hit while free
     # 9 free blocks hold nothing cached (8 never used, the plain one): taking 9 evicts nothing
     filler = Seq(2, "f", 0, 1)
@@ -132,7 +132,7 @@ def test_a_freed_cached_block_stays_reusable_until_evicted_lru_tail_first() -> N
     # one more block evicts exactly the least recently freed one: the prefix's tail
     assert blocks.append_block(filler)
     assert filler.blocks[-1] == held[2]
-    assert blocks.match([1, 2, 3], 3) == held[:2] and list(blocks.evictable) == held[1::-1]
+    assert blocks.match([1, 2, 3], 3) == held[:2] and list(blocks.pool.evictable) == held[1::-1]
 
 
 def test_a_hit_on_a_free_block_takes_it_out_of_the_free_queue_and_counts_at_admission() -> None:
@@ -140,19 +140,19 @@ def test_a_hit_on_a_free_block_takes_it_out_of_the_free_queue_and_counts_at_admi
     cached = keyed(1, 64, [5, 6, 7, 8])
     admit(blocks, cached)
     blocks.free(cached.blocks)
-    assert blocks.num_free == 10 and len(blocks.evictable) == 4
+    assert blocks.num_free == 10 and len(blocks.pool.evictable) == 4
     again = keyed(2, 64, [5, 6, 7, 8])
     hit = blocks.match(again.keys or [], 3)
     assert len(hit) == 3
     # 5 blocks: 3 reused (free ones: they count) + 2 new; 10 - 5 leaves more than the watermark
     assert blocks.allocate(again, 65, hit)
     assert again.blocks[:3] == hit and blocks.num_free == 5
-    assert not set(hit) & set(blocks.evictable)  # no longer evictable: held
-    assert all(blocks.refs[b] == 1 for b in hit)
+    assert not set(hit) & set(blocks.pool.evictable)  # no longer evictable: held
+    assert all(blocks.pool.refs[b] == 1 for b in hit)
     big = keyed(3, 64, [5, 6, 7, 8])
     hit = blocks.match(big.keys or [], 4)  # the 4th block is still free: reusing it counts
     assert not blocks.allocate(big, 16 * 9, hit)  # 9 blocks: 3 held + 1 free + 5 new > 5 - 1
-    assert blocks.refs[hit[3]] == 0 and big.blocks == []  # refused: nothing changed
+    assert blocks.pool.refs[hit[3]] == 0 and big.blocks == []  # refused: nothing changed
 
 
 def test_the_same_content_computed_twice_keeps_the_first_block_cached() -> None:
@@ -164,9 +164,9 @@ def test_the_same_content_computed_twice_keeps_the_first_block_cached() -> None:
     blocks.cache(second, 2)
     assert blocks.match([1, 2], 2) == first.blocks[:2]
     blocks.free(second.blocks)  # its copies were never cached: back on the stack
-    assert not blocks.evictable and blocks.match([1, 2], 2) == first.blocks[:2]
+    assert not blocks.pool.evictable and blocks.match([1, 2], 2) == first.blocks[:2]
     blocks.free(first.blocks)
-    assert list(blocks.evictable) == first.blocks[1::-1]
+    assert list(blocks.pool.evictable) == first.blocks[1::-1]
 
 
 def test_without_cached_blocks_every_path_is_the_plain_stack() -> None:
@@ -174,7 +174,7 @@ def test_without_cached_blocks_every_path_is_the_plain_stack() -> None:
     plain = Seq(1, "p", 40, 1)  # no keys: content no other request shares
     assert blocks.allocate(plain, 41, blocks.match([], 0))
     blocks.cache(plain, 3)
-    assert not blocks.block_of and not blocks.evictable
+    assert not blocks.pool.block_of and not blocks.pool.evictable
     ids = list(plain.blocks)
     blocks.free(plain.blocks)
-    assert blocks.free_ids[-3:] == ids  # pushed in order: the last one is handed out first
+    assert blocks.pool.free_ids[-3:] == ids  # pushed in order: the last one is handed out first

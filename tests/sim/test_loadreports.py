@@ -1,5 +1,6 @@
 """Load reports in the simulator: the engines' true gauges reach placement every scrape
-interval (and only with a least_loaded phase); a crashed engine goes stale, a hung one repeats
+interval (and only with a least_loaded phase), through the core's handling of a scrape; a
+crashed engine goes stale (its refused scrapes logged as live logs them), a hung one repeats
 itself; and least_loaded, so fed, places differently from least_reserved on an uneven fleet."""
 
 from __future__ import annotations
@@ -106,6 +107,16 @@ def test_a_crashed_engine_goes_stale_and_a_hung_one_repeats_its_last_load() -> N
     assert engine_load(engines[D0]).num_requests_waiting == 1
     crashed = reports.latest(D1)
     assert crashed is not None and crashed.at == 0.5  # nothing since the crash
+    # its refused scrapes take the core's path, as live: counted, and logged once (news)
+    assert reports.refused[D1] == 4  # at 0.75, 1.0, 1.25, 1.5
+    logged = [(d.t, d.kind, d.engine) for d in policies.log.entries if d.kind.startswith("load")]
+    assert logged == [(0.75, "load_report_ignored", D1)]
+    engines[D1].restart()
+    env.run(until=1.8)  # the scrape at 1.75 answers again
+    assert reports.latest(D1) is not None and reports.latest(D1).at == 1.75  # type: ignore[union-attr]
+    assert [d.kind for d in policies.log.entries if d.kind.startswith("load")][-1] == (
+        "load_report_resumed"
+    )
 
 
 UNEVEN: dict[str, Any] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,28 @@ def test_the_cli_raises_the_collectors_thresholds_for_its_run_only(
     )
     assert main(["simulate", str(path), "--out", str(tmp_path / "o"), "--no-plot"]) == 0
     assert seen == [GC_THRESHOLDS] and gc.get_threshold() == before
+
+
+def test_fault_records_list_only_the_parameters_their_kind_takes(tmp_path: Path) -> None:
+    faults = [
+        {"kind": "hang", "engine": "http://sim-d1", "at_s": 1.0, "duration_s": 1.0},
+        {"kind": "slow", "engine": "http://sim-d0", "at_s": 1.0, "duration_s": 1.0,
+         "factor": 2.5},
+        {"kind": "stall", "engine": "http://sim-d0", "at_s": 1.0, "duration_s": 1.0,
+         "probability": 0.5, "after_tokens": 3},
+        {"kind": "http_5xx", "engine": "http://sim-p0", "at_s": 1.0, "duration_s": 1.0},
+    ]
+    workload = {"kind": "gamma", "rate": 5.0, "cv": 1.0, "duration_s": 3.0}
+    write(run(scenario(faults=faults, workload=workload)), tmp_path)
+    with (tmp_path / "faults.csv").open(newline="") as handle:
+        rows = {row["kind"]: row for row in csv.DictReader(handle)}
+    given = {
+        kind: {k: v for k, v in row.items() if k in ("factor", "probability", "after_tokens") and v}
+        for kind, row in rows.items()
+    }
+    assert given == {
+        "hang": {},
+        "slow": {"factor": "2.5"},
+        "stall": {"probability": "0.5", "after_tokens": "3"},
+        "http_5xx": {"probability": "1.0"},
+    }

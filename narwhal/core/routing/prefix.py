@@ -1,5 +1,10 @@
 """``prefix_affinity``: send a prompt to the engine that has seen the longest prefix of it.
 
+This is the router's index of what it *sent* where, an estimate kept without asking any engine;
+it is not a model of an engine's prefix cache (that is :mod:`narwhal.engines.block_pool`, used by
+the simulated engine and the emulator): an engine may have evicted what this index still holds,
+and the index evicts by its own bound, not by the engine's free blocks.
+
 Rule kept here: the index is approximate and bounded — per engine at most
 ``max_blocks_per_engine`` block hashes (8-byte digests in an ordered dict, about 130 bytes
 each with their entry: about 4 MB per engine at the default 32,768), least recently used

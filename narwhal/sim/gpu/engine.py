@@ -76,7 +76,6 @@ class SimEngine:
         self.registry = registry  # engine id -> a producer's handoffs (shared by the fleet)
         self.rng = rng
         self.on_state = on_state or (lambda engine, state: None)
-        self.model_json = wire.json_text(params.model)  # in every reply and chunk
         self.switches = FaultSwitches(rng)
         self.totals = EngineTotals()
         self.writer = StreamWriter(params.coalesce_reads, self.totals)
@@ -118,7 +117,6 @@ class SimEngine:
             self.switches,
             self.rng,
             self.totals,
-            self.model_json,
             self._kick,
         )
         self.writer.wake = []
@@ -221,10 +219,8 @@ class SimEngine:
         seq = self._new_seq(path, body, headers)
         if isinstance(seq, Reply):
             return StreamOpened(None, seq.status, seq.body)
-        model = body.get("model", self.params.model)
-        model_json = self.model_json if model == self.params.model else wire.json_text(model)
         seq.chat = path == "/v1/chat/completions"
-        seq.head = wire.chunk_head(seq.rid, model_json, seq.chat)
+        seq.head = wire.chunk_writer(seq.rid, body.get("model", self.params.model), seq.chat)
         stream = SimStream(self)
         stream.seq = seq
         seq.stream = stream
@@ -234,7 +230,7 @@ class SimEngine:
             seq.remote = params
             seq.need = 0
         if seq.chat:
-            stream.buffer.append((self.env.now, wire.role_chunk(seq.head)))
+            stream.buffer.append((self.env.now, seq.head.role_chunk()))
         self.scheduler.add(seq)
         return StreamOpened(stream, 200)
 

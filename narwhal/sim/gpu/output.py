@@ -48,7 +48,8 @@ class StreamWriter:
             if n == seq.chunk_tokens and not final:  # the usual chunk: its bytes are known
                 data = seq.chunk
             else:
-                data = token_chunk(seq.head, n, final, seq.chat)
+                assert seq.head is not None  # a decode leg's stream has its writer
+                data = token_chunk(seq.head, n, final)
                 if not final:
                     seq.chunk_tokens, seq.chunk = n, data
             stream.buffer.append((now, data))

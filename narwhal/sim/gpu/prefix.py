@@ -1,5 +1,9 @@
 """Prompt content in the simulator: what a prompt is made of, written as text and read back.
 
+This module names a simulated prompt's blocks; it caches nothing (the cache is the shared model
+of vLLM's block pool, :mod:`narwhal.engines.block_pool`, which the HTTP emulator keys by hashing
+its prompts' text instead).
+
 Rule kept here: a simulated prompt's *content identity* is written in its text and read back
 from the text alone, so the router (which hashes the rendered prompt) and the simulated engines
 (which cache KV blocks by content) see the same sharing; and the simulated tokenizer still reads
@@ -26,7 +30,9 @@ from __future__ import annotations
 
 from typing import Any
 
-BlockKey = int  # chained segment id * OFFSETS + offset of the block's last token in the segment
+from narwhal.engines.block_pool import BlockKey
+
+# a BlockKey here: chained segment id * OFFSETS + offset of the block's last token in the segment
 OFFSETS = 1 << 32  # more tokens than any segment has
 Segments = tuple[tuple[int, int], ...]  # (chained segment id, tokens), from the prompt's start
 

@@ -103,7 +103,6 @@ class Scheduler:
         switches: FaultSwitches,
         rng: random.Random,
         totals: EngineTotals,
-        model_json: str,
         wake: Callable[[], None],
     ) -> None:
         self.env = env
@@ -120,8 +119,6 @@ class Scheduler:
         self.cost = StepCost(params)  # host overhead and noise per step
         self.wake = wake  # wakes the engine if idle (there is new work)
         self.totals = totals
-        self.model_json = model_json  # the served model's name as JSON, in prefill replies
-        self.id_texts = wire.block_id_texts(params.num_blocks)  # for prefill replies
         self.seqs: dict[int, Seq] = {}  # every sequence in the engine, by id
         self.waiting: deque[Seq] = deque()
         self.prefilling: list[Seq] = []
@@ -212,7 +209,7 @@ class Scheduler:
             return None
         decodes = len(self.decoding)
         context = self.ctx_base + decodes * step
-        dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs)
+        dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs, len(chunks))
         dt = self.cost.seconds(dt, decodes + len(chunks), tokens, self.rng)
         return dt * self.switches.slow, chunks
 
@@ -449,10 +446,9 @@ class Scheduler:
         handoffs = self.handoffs
         body = wire.prefill_reply(
             seq.rid,
-            self.model_json,
+            self.params.model,
             seq.prompt,
             blocks,
-            self.id_texts,
             engine_id,
             remote_id,
             handoffs.side_host,

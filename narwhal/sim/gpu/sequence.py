@@ -24,7 +24,8 @@ import enum
 from typing import Any, Final, Protocol
 
 from narwhal.core.ports import Burst, ChunkResult, ConnectFailed, StreamEnd
-from narwhal.sim.gpu.prefix import BlockKey
+from narwhal.core.wire import ChunkWriter
+from narwhal.engines.block_pool import BlockKey
 
 
 class SeqState(enum.Enum):
@@ -158,6 +159,6 @@ class Seq:
         self.remote: dict[str, Any] | None = None  # decode leg: the descriptor to pull
         self.fault: tuple[str, int] | None = None  # (stream fault kind, after this many tokens)
         self.chat = False  # a chat completion (its chunks carry a delta)
-        self.head = b""  # decode leg: the bytes every chunk of its stream starts with
+        self.head: ChunkWriter | None = None  # decode leg: the writer of its stream's chunks
         self.chunk = b""  # the bytes of the last non-final chunk, for ``chunk_tokens`` tokens
         self.chunk_tokens = 0

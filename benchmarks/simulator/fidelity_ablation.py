@@ -1,0 +1,62 @@
+"""What each part of the engine model contributes to its error on the bundled real runs.
+
+    python benchmarks/simulator/fidelity_ablation.py
+
+For each run in tests/data/runs, replays it (narwhal validate's replay) with the full model and
+with one part taken out at a time, and prints the mean TTFT, TPOT and end-to-end errors (%):
+- no prefix identity: every prompt unique (the run's dataset not read), so no prefix-cache hits;
+- eager: no CUDA-graph padding (the profile's eager times at the batch's own size);
+- no all-reduce: a TP > 1 engine without its all-reduces.
+The docs/simulator.md Fidelity table is this script's output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from statistics import mean
+
+from narwhal.sim.validation.replay import replay
+from narwhal.sim.validation.runlog import RunLog, read_run
+from narwhal.sim.validation.validate import load_profile
+
+RUNS = Path(__file__).resolve().parents[2] / "tests" / "data" / "runs"
+
+
+def errors(run: RunLog, profile: dict, allreduce: bool = True) -> tuple[float, float, float]:
+    timed = replay(run, profile, allreduce=allreduce)
+    real = run.requests
+
+    def err(sim: list[float], ref: list[float]) -> float:
+        return 100.0 * (mean(sim) / mean(ref) - 1.0)
+
+    tpot_real = [r.tpot_s for r in real if r.tpot_s is not None]
+    tpot_sim = [t.tpot_s for t in timed if t.tpot_s is not None]
+    return (
+        err([t.ttft_s for t in timed], [r.ttft_s for r in real]),
+        err(tpot_sim, tpot_real),  # type: ignore[arg-type]
+        err([t.latency_s for t in timed], [r.latency_s for r in real]),
+    )
+
+
+def main() -> None:
+    print(f"{'run':<28}{'variant':<22}{'TTFT':>8}{'TPOT':>8}{'E2E':>8}")
+    for run_dir in sorted(p.parent for p in RUNS.glob("*/*/vllm")):
+        run = read_run(run_dir)
+        profile = load_profile(None, run)
+        name = f"{run.gpu} {run.engine.model.split('/')[-1]}"
+        variants = {"full model": run}
+        no_prefix = tuple(dataclasses.replace(r, segments=()) for r in run.requests)
+        variants["no prefix identity"] = dataclasses.replace(run, requests=no_prefix)
+        eager = dataclasses.replace(run.engine, enforce_eager=True)
+        variants["eager (no graphs)"] = dataclasses.replace(run, engine=eager)
+        for label, variant in variants.items():
+            ttft, tpot, e2e = errors(variant, profile)
+            print(f"{name:<28}{label:<22}{ttft:>+7.1f}%{tpot:>+7.1f}%{e2e:>+7.1f}%")
+        if run.engine.tensor_parallel > 1:
+            ttft, tpot, e2e = errors(run, profile, allreduce=False)
+            print(f"{name:<28}{'no all-reduce':<22}{ttft:>+7.1f}%{tpot:>+7.1f}%{e2e:>+7.1f}%")
+
+
+if __name__ == "__main__":
+    main()

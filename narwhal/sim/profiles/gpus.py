@@ -1,0 +1,78 @@
+"""The GPUs the bundled profiles cover: the name the device reports and its total memory.
+
+Rule kept here: vLLM picks its batch defaults and sizes its KV cache from what the device
+reports (``torch.cuda.get_device_properties``: name, total memory), so a simulated GPU is those
+two readings, each with where it was read. Each also carries the all-reduce
+bandwidth and latency a tensor-parallel group of it gets (NCCL bus bandwidth): these are
+*estimates* from the interconnect's nameplate, stated as such, until a profile measures them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from narwhal.sim.model_shape import ModelShape
+from narwhal.sim.profiles.source import ModelConfig
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Gpu:
+    key: str  # as profiles name it (LLMServingSim's hardware key)
+    name: str  # as torch reports it
+    memory_bytes: int  # total device memory as torch reports it
+    source: str  # where the memory figure comes from
+    allreduce_gbps: float  # estimate: NCCL all-reduce bus bandwidth between two of these
+    allreduce_latency_us: float  # estimate: one small all-reduce
+
+
+GPUS = {
+    gpu.key: gpu
+    for gpu in (
+        # NVLink 4: 450 GB/s each way; NCCL reaches about 80% as bus bandwidth
+        Gpu("H200", "NVIDIA H200", 141_000_000_000, "nameplate (141 GB HBM3e)", 360.0, 8.0),
+        Gpu(
+            "RTX4090",
+            "NVIDIA GeForce RTX 4090",
+            25_250_627_584,
+            "device_total_memory_bytes of LLMServingSim's RTX 4090 run (meta.json)",
+            # PCIe 4.0 x16 (32 GB/s each way) without peer-to-peer: NCCL goes through host
+            # memory, taken as a third of the link
+            10.0,
+            30.0,
+        ),
+        Gpu(
+            "RTXPRO6000",
+            "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+            round(95.5 * GIB),
+            "95.5 GiB as torch reports the device in public run records (nameplate 96 GB)",
+            # PCIe 5.0 x16 (64 GB/s each way) with peer-to-peer, taken as 40% of the link
+            25.0,
+            20.0,
+        ),
+    )
+}
+
+
+def shape_of(config: ModelConfig, tp: int, name: str = "profile") -> ModelShape:
+    """A profile's model config as the memory, TP and KV rules read it."""
+    return ModelShape(
+        name=name,
+        hidden=config.hidden,
+        heads=config.heads,
+        kv_heads=config.kv_heads,
+        head_dim=config.head_dim,
+        inter=config.inter,
+        layers=config.layers,
+        vocab=config.vocab,
+        tp=tp,
+    )
+
+
+def gpu(key: str) -> Gpu:
+    """The GPU named ``key``, or a ValueError listing the ones known."""
+    try:
+        return GPUS[key]
+    except KeyError:
+        raise ValueError(f"unknown gpu {key!r}; known: {', '.join(sorted(GPUS))}") from None

@@ -1,0 +1,53 @@
+"""How far a simulated run is from the real one, per metric: summary errors and two tests.
+
+Rule kept here: a metric (TTFT, TPOT, end-to-end latency) is compared as distributions over the
+run's requests. Its mean, p50, p90 and p99 (linear-interpolated quantiles) are given real and
+simulated with the simulated one's error in percent of the real; a two-sample Kolmogorov-Smirnov
+test says whether the two distributions differ (``ks_d``, ``ks_p``; scipy's exact or asymptotic
+method as it picks); a TOST (two one-sided Welch t-tests) says whether the means are equivalent
+within +-10% of the real mean (``tost_p``: small means equivalent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+EQUIVALENCE_MARGIN = 0.10  # TOST: +-10% of the real mean
+STATS = ("mean", "p50", "p90", "p99")
+
+
+def summary_ms(seconds: list[float]) -> dict[str, float]:
+    values = np.asarray(seconds, dtype=float) * 1e3
+    return {
+        "mean": float(values.mean()),
+        "p50": float(np.percentile(values, 50)),
+        "p90": float(np.percentile(values, 90)),
+        "p99": float(np.percentile(values, 99)),
+    }
+
+
+def tost_p(real: np.ndarray, sim: np.ndarray, margin: float = EQUIVALENCE_MARGIN) -> float:
+    """p-value of the TOST for |mean(sim) - mean(real)| < margin x mean(real) (Welch)."""
+    delta = margin * float(real.mean())
+    lower = stats.ttest_ind(sim + delta, real, equal_var=False, alternative="greater").pvalue
+    upper = stats.ttest_ind(sim - delta, real, equal_var=False, alternative="less").pvalue
+    return float(max(lower, upper))
+
+
+def compare(real: list[float], sim: list[float]) -> dict[str, Any]:
+    """One metric's entry of ``validation.json`` (values in seconds in, milliseconds out)."""
+    if len(real) < 2 or len(sim) < 2:
+        raise ValueError("a metric needs at least two requests on each side to compare")
+    r, s = summary_ms(real), summary_ms(sim)
+    ks = stats.ks_2samp(np.asarray(real), np.asarray(sim))
+    return {
+        "real": r,
+        "sim": s,
+        "error_pct": {k: 100.0 * (s[k] - r[k]) / r[k] if r[k] else 0.0 for k in STATS},
+        "ks_d": float(ks.statistic),
+        "ks_p": float(ks.pvalue),
+        "tost_p": tost_p(np.asarray(real) * 1e3, np.asarray(sim) * 1e3),
+    }

@@ -1,0 +1,76 @@
+"""Writing and printing a validation: ``validation.json``, the CDFs as CSV and PNG, a table.
+
+Rule kept here: ``validation.json`` has exactly the keys ``narwhal validate`` documents
+(``ttft_ms``, ``tpot_ms``, ``latency_ms``, each with ``real``, ``sim``, ``error_pct``, ``ks_d``,
+``ks_p``, ``tost_p``); the CSV holds every point the PNG draws, so a figure can be checked
+without the picture.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METRICS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "latency_ms": "End-to-end latency"}
+
+
+def write_json(result: dict[str, Any], out: Path) -> Path:
+    path = out / "validation.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", "utf-8")
+    return path
+
+
+def write_cdfs(
+    samples: dict[str, tuple[list[float], list[float]]], out: Path, title: str
+) -> tuple[Path, Path]:
+    """``cdf.csv`` (metric, side, value_ms, cumulative fraction) and ``cdf.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    csv_path, png_path = out / "cdf.csv", out / "cdf.png"
+    fig, axes = plt.subplots(1, len(samples), figsize=(4.2 * len(samples), 3.6))
+    with csv_path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["metric", "side", "value_ms", "fraction"])
+        for ax, (metric, (real, sim)) in zip(np.atleast_1d(axes), samples.items(), strict=True):
+            for side, values, style in (("real", real, "-"), ("sim", sim, "--")):
+                xs = np.sort(np.asarray(values) * 1e3)
+                ys = np.arange(1, len(xs) + 1) / len(xs)
+                for x, y in zip(xs, ys, strict=True):
+                    writer.writerow([metric, side, f"{x:.3f}", f"{y:.6f}"])
+                ax.plot(xs, ys, style, label="real vLLM" if side == "real" else "Narwhal sim")
+            ax.set_title(METRICS[metric])
+            ax.set_xlabel("ms")
+            ax.set_ylabel("fraction of requests")
+            ax.grid(alpha=0.3)
+            ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return csv_path, png_path
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        f"{'metric':<22}{'real':>11}{'sim':>11}{'error':>9}",
+        "-" * 53,
+    ]
+    for metric, label in METRICS.items():
+        entry = result[metric]
+        for stat in ("mean", "p50", "p90", "p99"):
+            lines.append(
+                f"{label + ' ' + stat:<22}{entry['real'][stat]:>11.1f}{entry['sim'][stat]:>11.1f}"
+                f"{entry['error_pct'][stat]:>+8.1f}%"
+            )
+        lines.append(
+            f"{'':<4}KS D {entry['ks_d']:.3f} p {entry['ks_p']:.3g}   "
+            f"TOST(+-10%) p {entry['tost_p']:.3g}"
+        )
+    return "\n".join(lines)

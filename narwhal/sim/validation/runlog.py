@@ -1,0 +1,286 @@
+"""A real vLLM run as LLMServingSim records it: per-request timestamps and the engine's settings.
+
+Rule kept here: the run is read as recorded and measured as its recorder measures it
+(LLMServingSim's ``bench/core/validate.py``): time to first token and end-to-end latency from
+``queued_ts`` (when the engine queued the request), time per output token over the tokens after
+the first. The engine's settings come from the run's ``meta.json``; a setting the file does not
+record is vLLM's default for that version, named as such in :attr:`EngineSetup.defaulted`. A
+run directory lacking a file or a field the replay needs is refused with its name.
+
+Theory of operation: ``RUN_DIR`` is ``bench/examples/<GPU>/<model>/`` (its ``vllm/`` holds
+``meta.json`` and ``requests.jsonl``) or that ``vllm/`` directory itself; ``config.json`` beside
+``vllm/``, where present, gives the cluster (instances, prefill/decode roles). The prompts'
+token ids, where the run's dataset can be found (``meta.json``'s ``dataset_path``, as
+``dataset.jsonl`` or ``dataset.jsonl.xz`` in the run directory or under the LLMServingSim
+checkout the run sits in, checked against ``dataset_hash``), give each prompt's content
+identity block by block (:func:`prompt_segments`), so the simulated prefix cache hits where
+vLLM's did; without it every prompt is unique (no prefix hits), and the replay says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import lzma
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from narwhal.sim.profiles.source import ProfileError
+
+REQUEST_FIELDS = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One request of the run, in the file's order (the dataset's row order)."""
+
+    arrival_s: float  # queued_ts, from the run's first
+    prompt: int
+    output: int
+    ttft_s: float
+    latency_s: float
+    segments: tuple[tuple[int, int], ...] = ()  # prompt content identity, where the run has it
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (None for a one-token answer)."""
+        if self.output <= 1:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output - 1)
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What one engine of the run ran with."""
+
+    model: str
+    vllm_version: str
+    gpu_name: str | None
+    gpu_memory_bytes: int | None
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_gpu_blocks: int | None
+    gpu_memory_utilization: float
+    prefix_caching: bool
+    tensor_parallel: int
+    enforce_eager: bool
+    capture_sizes: tuple[int, ...] | None  # None: vLLM's default rule
+    async_scheduling: bool
+    defaulted: tuple[str, ...] = field(default=())  # settings the run did not record
+
+
+@dataclass(frozen=True)
+class RunLog:
+    path: Path
+    gpu: str  # the run's hardware key (its directory name)
+    engine: EngineSetup
+    instances: int
+    disaggregated: bool
+    requests: tuple[RunRequest, ...]
+    dataset: Path | None = None  # where the prompts' token ids came from
+
+
+def _vllm_dir(run_dir: Path) -> Path:
+    for candidate in (run_dir / "vllm", run_dir):
+        if (candidate / "requests.jsonl").is_file():
+            return candidate
+    raise ProfileError(f"{run_dir}: no requests.jsonl (in vllm/ or the directory itself)")
+
+
+def read_requests(path: Path) -> tuple[RunRequest, ...]:
+    raw: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as error:
+                raise ProfileError(f"{path}:{number}: {error}") from None
+            missing = [k for k in REQUEST_FIELDS if not isinstance(row.get(k), int | float)]
+            if missing:
+                raise ProfileError(f"{path}:{number}: no {', '.join(missing)}")
+            raw.append(row)
+    if not raw:
+        raise ProfileError(f"{path}: no requests")
+    start = min(float(r["queued_ts"]) for r in raw)
+    return tuple(
+        RunRequest(
+            arrival_s=float(r["queued_ts"]) - start,
+            prompt=int(r["input_toks"]),
+            output=int(r["output_toks"]),
+            ttft_s=float(r["first_token_ts"]) - float(r["queued_ts"]),
+            latency_s=float(r["last_token_ts"]) - float(r["queued_ts"]),
+        )
+        for r in raw
+    )
+
+
+def _engine(meta: dict[str, Any], where: Path) -> EngineSetup:
+    kwargs = meta.get("engine_kwargs")
+    if not isinstance(kwargs, dict):
+        raise ProfileError(f"{where}: no engine_kwargs")
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        if not isinstance(kwargs.get(key), int):
+            raise ProfileError(f"{where}: engine_kwargs has no {key}")
+    resolved = meta.get("resolved_config") or {}
+    cache = meta.get("kv_cache") or {}
+    hardware = meta.get("hardware") or {}
+    compilation = resolved.get("compilation_config") or {}
+    scheduler = resolved.get("scheduler_config") or {}
+    model_config = resolved.get("model_config") or {}
+    defaulted: list[str] = []
+
+    def pick(value: Any, default: Any, name: str) -> Any:
+        if value is None:
+            defaulted.append(name)
+            return default
+        return value
+
+    sizes = compilation.get("cudagraph_capture_sizes")
+    return EngineSetup(
+        model=str(meta.get("model", kwargs.get("model", ""))),
+        vllm_version=str(meta.get("vllm_version", "")),
+        gpu_name=hardware.get("device_name"),
+        gpu_memory_bytes=hardware.get("device_total_memory_bytes"),
+        max_num_seqs=int(kwargs["max_num_seqs"]),
+        max_num_batched_tokens=int(kwargs["max_num_batched_tokens"]),
+        block_size=int(pick(cache.get("block_size"), 16, "block_size")),
+        num_gpu_blocks=cache.get("num_gpu_blocks"),
+        gpu_memory_utilization=float(
+            pick(cache.get("gpu_memory_utilization"), 0.9, "gpu_memory_utilization")
+        ),
+        prefix_caching=bool(pick(cache.get("enable_prefix_caching"), True, "prefix_caching")),
+        tensor_parallel=int(kwargs.get("tensor_parallel_size") or 1),
+        enforce_eager=bool(pick(model_config.get("enforce_eager"), False, "enforce_eager")),
+        capture_sizes=tuple(int(s) for s in sizes) if sizes else None,
+        async_scheduling=bool(pick(scheduler.get("async_scheduling"), True, "async_scheduling")),
+        defaulted=tuple(defaulted),
+    )
+
+
+def read_run(run_dir: Path) -> RunLog:
+    """Read a run directory (see the module docstring)."""
+    vllm_dir = _vllm_dir(run_dir)
+    meta_path = vllm_dir / "meta.json"
+    if not meta_path.is_file():
+        raise ProfileError(f"{meta_path}: missing")
+    try:
+        meta = json.loads(meta_path.read_text("utf-8"))
+    except ValueError as error:
+        raise ProfileError(f"{meta_path}: {error}") from None
+    engine = _engine(meta, meta_path)
+    instances, disaggregated = 1, False
+    cluster_path = vllm_dir.parent / "config.json"
+    if vllm_dir != run_dir or cluster_path.is_file():
+        cluster = _cluster(cluster_path)
+        if cluster is not None:
+            instances, disaggregated = cluster
+    data_parallel = int((meta.get("engine_kwargs") or {}).get("data_parallel_size") or 1)
+    instances = max(instances, data_parallel)
+    gpu = vllm_dir.parent.parent.name if vllm_dir.name == "vllm" else vllm_dir.parent.name
+    requests = read_requests(vllm_dir / "requests.jsonl")
+    dataset = find_dataset(vllm_dir, meta)
+    if dataset is not None:
+        requests = with_segments(requests, dataset, engine.block_size)
+    return RunLog(
+        path=run_dir,
+        gpu=gpu,
+        engine=engine,
+        instances=instances,
+        disaggregated=disaggregated,
+        requests=requests,
+        dataset=dataset,
+    )
+
+
+def find_dataset(vllm_dir: Path, meta: dict[str, Any]) -> Path | None:
+    """The run's dataset file, if it is where a run keeps it and its hash is the recorded one."""
+    name = meta.get("dataset_path")
+    digest = meta.get("dataset_hash")
+    if not isinstance(name, str) or not isinstance(digest, str):
+        return None
+    run_dir = vllm_dir.parent if vllm_dir.name == "vllm" else vllm_dir
+    candidates = [run_dir / "dataset.jsonl", run_dir / "dataset.jsonl.xz"]
+    if len(run_dir.resolve().parents) > 2:
+        candidates.append(run_dir.resolve().parents[2] / name)
+    for path in candidates:
+        if path.is_file():
+            if hashlib.sha256(_dataset_bytes(path)).hexdigest() != digest:
+                raise ProfileError(f"{path}: its sha256 is not meta.json's dataset_hash")
+            return path
+    return None
+
+
+def _dataset_bytes(path: Path) -> bytes:
+    data = path.read_bytes()
+    return lzma.decompress(data) if path.suffix == ".xz" else data
+
+
+def prompt_segments(
+    token_ids: list[list[int]], block_size: int
+) -> list[tuple[tuple[int, int], ...]]:
+    """Each prompt's content identity: one segment per full block, numbered so that a segment
+    id names the block and everything before it (the chain vLLM's block hashes form), and a
+    last segment unique to the prompt for its partial block."""
+    chain: dict[tuple[int, tuple[int, ...]], int] = {}
+    out = []
+    for ids in token_ids:
+        segments: list[tuple[int, int]] = []
+        parent = -1
+        full = len(ids) // block_size * block_size
+        for start in range(0, full, block_size):
+            key = (parent, tuple(ids[start : start + block_size]))
+            parent = chain.setdefault(key, len(chain))
+            segments.append((parent, block_size))
+        if len(ids) > full:
+            segments.append((-1, len(ids) - full))  # renumbered below: unique to this prompt
+        out.append(segments)
+    fresh = len(chain)
+    result = []
+    for segments in out:
+        renumbered = []
+        for segment_id, length in segments:
+            if segment_id < 0:
+                segment_id, fresh = fresh, fresh + 1
+            renumbered.append((segment_id, length))
+        result.append(tuple(renumbered))
+    return result
+
+
+def with_segments(
+    requests: tuple[RunRequest, ...], dataset: Path, block_size: int
+) -> tuple[RunRequest, ...]:
+    """``requests`` with the segments of the dataset's prompts (row ``i`` is request ``i`` in
+    arrival order; a row whose length disagrees with the request's is refused)."""
+    rows = [json.loads(line) for line in _dataset_bytes(dataset).splitlines() if line.strip()]
+    if len(rows) != len(requests):
+        raise ProfileError(f"{dataset}: {len(rows)} prompts for {len(requests)} requests")
+    ids = []
+    for number, (row, request) in enumerate(zip(rows, requests, strict=True), 1):
+        tokens = row.get("input_tok_ids")
+        if not isinstance(tokens, list) or len(tokens) != request.prompt:
+            raise ProfileError(f"{dataset}:{number}: input_tok_ids do not match input_toks")
+        ids.append(tokens)
+    return tuple(
+        dataclasses.replace(request, segments=segments)
+        for request, segments in zip(requests, prompt_segments(ids, block_size), strict=True)
+    )
+
+
+def _cluster(path: Path) -> tuple[int, bool] | None:
+    """(instances, whether prefill and decode are split) from LLMServingSim's cluster config."""
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text("utf-8"))
+    except ValueError as error:
+        raise ProfileError(f"{path}: {error}") from None
+    instances = [i for node in config.get("nodes", []) for i in node.get("instances", [])]
+    if not instances:
+        return None
+    roles = {str(i.get("pd_type")) for i in instances if i.get("pd_type")}
+    return len(instances), bool(roles)

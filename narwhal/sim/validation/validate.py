@@ -1,0 +1,58 @@
+"""``narwhal validate``: a real run replayed on the simulated engine, and how far apart they are.
+
+Rule kept here: the profile is the one given (an LLMServingSim profile directory, or a Narwhal
+profile file), else the bundled profile of the run's GPU and model; the run is replayed once
+(:mod:`.replay`, deterministic) and compared per metric (:mod:`.compare`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from narwhal.sim.profiles import source, store
+from narwhal.sim.validation.compare import compare
+from narwhal.sim.validation.replay import replay
+from narwhal.sim.validation.runlog import RunLog, read_run
+
+
+def load_profile(path: Path | None, run: RunLog) -> dict[str, Any]:
+    """The profile at ``path`` (directory: LLMServingSim's layout; file: Narwhal's), else the
+    bundled one for the run's GPU and model."""
+    if path is None:
+        return store.bundled(run.gpu, run.engine.model)
+    if path.is_dir():
+        return store.from_source(source.read_profile(path), str(path))
+    if path.is_file():
+        return store.read(path)
+    raise source.ProfileError(f"{path}: no such profile directory or file")
+
+
+@dataclass(frozen=True)
+class Validation:
+    run: RunLog
+    profile: dict[str, Any]
+    result: dict[str, Any]  # validation.json
+    samples: dict[str, tuple[list[float], list[float]]]  # metric -> (real, sim) in seconds
+
+
+def validate(run_dir: Path, profile_path: Path | None = None, seed: int = 0) -> Validation:
+    run = read_run(run_dir)
+    profile = load_profile(profile_path, run)
+    if profile["model"] != run.engine.model:
+        raise source.ProfileError(
+            f"the profile is of {profile['model']}, the run served {run.engine.model}"
+        )
+    timed = replay(run, profile, seed)
+    real = run.requests
+    samples = {
+        "ttft_ms": ([r.ttft_s for r in real], [t.ttft_s for t in timed]),
+        "tpot_ms": (
+            [r.tpot_s for r in real if r.tpot_s is not None],
+            [t.tpot_s for t in timed if t.tpot_s is not None],
+        ),
+        "latency_ms": ([r.latency_s for r in real], [t.latency_s for t in timed]),
+    }
+    result = {metric: compare(a, b) for metric, (a, b) in samples.items()}
+    return Validation(run, profile, result, samples)

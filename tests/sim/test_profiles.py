@@ -1,0 +1,147 @@
+"""Per-operator profiles: LLMServingSim's layout imported, interpolated and turned into steps."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from narwhal.cli import main
+from narwhal.sim.profiles import source, store
+from narwhal.sim.profiles.opstep import capture_sizes
+from narwhal.sim.profiles.tables import AttentionGrid, Curve
+
+RUNS = Path(__file__).parent.parent / "data" / "runs"
+CONFIG = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+}
+SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def _op_us(name: str, tokens: int) -> float:
+    """A linear time per operator, so interpolation between grid points is exact."""
+    return {"qkv_proj": 10 + tokens, "layernorm": 2 + 0.5 * tokens}.get(name, 1 + 0.1 * tokens)
+
+
+def _attn_us(chunk: int, cached: int, decodes: int, ctx: int) -> float:
+    return 5 + 0.01 * chunk * (cached + chunk) + 0.002 * decodes * ctx
+
+
+def write_profile(root: Path, moe: bool = False) -> Path:
+    """An LLMServingSim-shaped profile directory with known, linear tables."""
+    profile = root / "profiler" / "perf" / "TOYGPU" / "org" / "toy" / "bf16"
+    tp1 = profile / "tp1"
+    tp1.mkdir(parents=True)
+    (profile / "meta.yaml").write_text(
+        "model: org/toy\nhardware: TOYGPU\ngpu: Toy GPU\nvllm_version: 0.19.0\n"
+        "tp_degrees: [1]\nengine_effective:\n  enforce_eager: true\n"
+    )
+    ops = ("embedding", "layernorm", "qkv_proj", "o_proj", "final_layernorm")
+    dense = ["layer,tokens,time_us"] + [f"{op},{t},{_op_us(op, t)}" for op in ops for t in SIZES]
+    (tp1 / "dense.csv").write_text("\n".join(dense) + "\n")
+    per_seq = ["layer,sequences,time_us"] + [
+        f"{op},{n},{us}" for op, us in (("lm_head", 50), ("sampler", 3)) for n in SIZES
+    ]
+    (tp1 / "per_sequence.csv").write_text("\n".join(per_seq) + "\n")
+    attn = ["prefill_chunk,kv_prefill,n_decode,kv_decode,time_us"]
+    for chunk in (0, 16, 32):
+        for cached in (0, 16, 32) if chunk else (0,):
+            for decodes in (0, 1, 4):
+                for ctx in (16, 32, 64) if decodes else (0,):
+                    if chunk or decodes:
+                        us = _attn_us(chunk, cached, decodes, ctx)
+                        attn.append(f"{chunk},{cached},{decodes},{ctx},{us}")
+    (tp1 / "attention.csv").write_text("\n".join(attn) + "\n")
+    if moe:
+        (tp1 / "moe.csv").write_text("tokens,time_us\n1,1\n")
+    config = root / "configs" / "model" / "org" / "toy.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps(CONFIG))
+    return profile
+
+
+def test_import_writes_a_profile_that_times_a_step_from_its_tables(tmp_path, capsys):
+    profile_dir = write_profile(tmp_path)
+    out = tmp_path / "toy.json.gz"
+    assert main(["profile", "import", str(profile_dir), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "qkv_proj" in printed and "attention" in printed and "wrote" in printed
+    profile = store.read(out)
+    assert profile["config"]["layers"] == 2 and profile["config"]["kv_heads"] == 2
+    assert profile["provenance"]["enforce_eager"] is True
+    timing = store.timing(profile, 1, 1024, ())
+    # 3 decodes (context 48 each) and one 16-token chunk after 16 cached tokens: 19 tokens
+    tokens, pairs = 19, 16 * (16 + 16 / 2)
+    got = timing.batch_s(3, 16, 3 * 48, pairs, 1)
+    per_layer = _op_us("layernorm", tokens) * 2 + _op_us("qkv_proj", tokens)
+    per_layer += _op_us("o_proj", tokens)
+    once = _op_us("embedding", tokens) + _op_us("final_layernorm", tokens)
+    # the attention grid is bilinear in (chunk, decodes) corners, exact at these grid points
+    attn = _attn_us(16, 16, 3, 48)
+    expected_us = 2 * per_layer + once + 2 * attn + 50 + 3
+    assert got == pytest.approx(expected_us / 1e6, rel=0.02)
+
+
+def test_same_input_gives_the_same_profile_bytes(tmp_path):
+    profile_dir = write_profile(tmp_path)
+    a, b = tmp_path / "a.json.gz", tmp_path / "b.json.gz"
+    for path in (a, b):
+        store.write(store.from_source(source.read_profile(profile_dir), "x"), path)
+    assert a.read_bytes() == b.read_bytes()
+    assert json.loads(gzip.decompress(a.read_bytes()))["format"] == store.FORMAT
+
+
+def test_a_moe_profile_is_refused(tmp_path):
+    with pytest.raises(source.ProfileError, match=r"moe\.csv"):
+        source.read_profile(write_profile(tmp_path, moe=True))
+
+
+def test_missing_pieces_are_named(tmp_path, capsys):
+    profile_dir = write_profile(tmp_path)
+    (profile_dir / "tp1" / "attention.csv").unlink()
+    assert main(["profile", "import", str(profile_dir), "--out", str(tmp_path / "x")]) == 2
+    assert "attention.csv: missing" in capsys.readouterr().err
+    with pytest.raises(source.ProfileError, match=r"meta\.yaml: missing"):
+        source.read_profile(tmp_path)
+    (tmp_path / "configs" / "model" / "org" / "toy.json").unlink()
+    with pytest.raises(source.ProfileError, match=r"no model config for org/toy"):
+        source.read_profile(profile_dir)
+
+
+def test_curve_interpolates_extrapolates_and_clamps():
+    curve = Curve([(1, 1.0), (3, 3.0), (5, 4.0)])
+    assert curve.at(2) == pytest.approx(2.0)
+    assert curve.at(7) == pytest.approx(5.0)  # the last segment's slope continues
+    assert curve.at(0) == 1.0  # below the first size: the first time
+
+
+def test_attention_grid_takes_the_nearest_slice_for_a_missing_corner():
+    grid = AttentionGrid([(0, 0, 1, 16, 1.0), (0, 0, 1, 32, 2.0), (16, 0, 0, 0, 5.0)])
+    assert grid.at(0, 0, 1, 24) == pytest.approx(1.5)
+    # (16 tokens, 1 decode) was not measured: its nearest measured slice stands in
+    assert grid.at(16, 0, 1, 24) == pytest.approx(5.0)
+
+
+def test_capture_sizes_follow_vllms_rule_as_a_real_run_recorded_them():
+    meta = json.loads((RUNS / "RTX4090" / "Llama-3.1-8B" / "vllm" / "meta.json").read_text())
+    recorded = meta["resolved_config"]["compilation_config"]["cudagraph_capture_sizes"]
+    assert list(capture_sizes(meta["engine_kwargs"]["max_num_seqs"])) == recorded
+
+
+def test_bundled_profiles_carry_provenance_and_licence():
+    catalog = store.bundled_catalog()
+    assert ("RTXPRO6000", "meta-llama/Llama-3.1-8B") in catalog
+    assert ("RTX4090", "meta-llama/Llama-3.1-8B") in catalog
+    for gpu, model in catalog:
+        profile = store.bundled(gpu, model)
+        assert "LLMServingSim" in profile["provenance"]["licence"]
+        assert profile["provenance"]["vllm_version"]
+    with pytest.raises(source.ProfileError, match="bundled: RTX4090"):
+        store.bundled("RTX4090", "org/unknown")

@@ -1,0 +1,144 @@
+"""Replaying real vLLM runs on the simulated engine, and the accuracy it reaches."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from narwhal.cli import main
+from narwhal.sim.profiles import store
+from narwhal.sim.profiles.source import ProfileError
+from narwhal.sim.scenario import ScenarioError, parse_scenario
+from narwhal.sim.validation.replay import engine_timing, replay
+from narwhal.sim.validation.runlog import prompt_segments, read_run
+from narwhal.sim.validation.validate import validate
+
+RUNS = Path(__file__).parent.parent / "data" / "runs"
+PRO6000 = RUNS / "RTXPRO6000" / "Llama-3.1-8B"
+RTX4090 = RUNS / "RTX4090" / "Llama-3.1-8B"
+KEYS = {"real", "sim", "error_pct", "ks_d", "ks_p", "tost_p"}
+
+
+def small_run(tmp_path: Path, rows: list[tuple[float, int, int]]) -> Path:
+    """A run directory with PRO6000's meta.json and the given (queued_ts, input, output)."""
+    run = tmp_path / "RTXPRO6000" / "model" / "vllm"
+    run.mkdir(parents=True)
+    shutil.copy(PRO6000 / "vllm" / "meta.json", run / "meta.json")
+    with (run / "requests.jsonl").open("w") as handle:
+        for i, (t, prompt, output) in enumerate(rows):
+            handle.write(
+                json.dumps(
+                    {
+                        "request_id": f"bench-{i}",
+                        "input_toks": prompt,
+                        "output_toks": output,
+                        "queued_ts": t,
+                        "first_token_ts": t + 0.1,
+                        "last_token_ts": t + 0.1 + output,
+                    }
+                )
+                + "\n"
+            )
+    return run.parent
+
+
+def test_a_lone_request_takes_the_profiles_prefill_then_one_decode_step_per_token(tmp_path):
+    run = read_run(small_run(tmp_path, [(100.0, 300, 4)]))
+    profile = store.bundled("RTXPRO6000", "meta-llama/Llama-3.1-8B")
+    _, timing = engine_timing(run, profile)
+    (timed,) = replay(run, profile)
+    prefill = timing.batch_s(0, 300, 0, 300 * 150, 1)
+    decodes = [timing.batch_s(1, 0, 301 + k, 0.0) for k in range(3)]  # prompt + tokens so far
+    assert timed.ttft_s == pytest.approx(prefill)
+    assert timed.latency_s == pytest.approx(prefill + sum(decodes))
+
+
+def test_replay_is_deterministic_and_batches_concurrent_requests(tmp_path):
+    rows = [(10.0 + 0.01 * i, 500, 50) for i in range(20)]
+    run = read_run(small_run(tmp_path, rows))
+    profile = store.bundled("RTXPRO6000", "meta-llama/Llama-3.1-8B")
+    first, second = replay(run, profile), replay(run, profile)
+    assert first == second
+    _, timing = engine_timing(run, profile)
+    alone = timing.batch_s(1, 0, 550, 0.0)
+    # twenty decodes share a step: each token takes longer than alone, far less than 20x
+    tpots = [t.tpot_s for t in first if t.tpot_s is not None]
+    assert all(alone < tpot < 5 * alone for tpot in tpots)
+
+
+def test_prompt_segments_share_exactly_the_common_full_blocks():
+    a = list(range(40))
+    b = list(range(32)) + [99] * 8
+    seg_a, seg_b = prompt_segments([a, b], 16)
+    assert seg_a[:2] == seg_b[:2]  # two shared full blocks
+    assert seg_a[2] != seg_b[2] and sum(n for _, n in seg_b) == 40
+
+
+def test_validate_writes_the_documented_keys_a_plot_and_its_csv(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["validate", "--run", str(RTX4090), "--out", str(out)]) == 0
+    result = json.loads((out / "validation.json").read_text())
+    assert set(result) == {"ttft_ms", "tpot_ms", "latency_ms"}
+    for entry in result.values():
+        assert set(entry) == KEYS
+        assert set(entry["real"]) == set(entry["sim"]) == {"mean", "p50", "p90", "p99"}
+    assert (out / "cdf.png").stat().st_size > 10_000
+    rows = (out / "cdf.csv").read_text().splitlines()
+    assert rows[0] == "metric,side,value_ms,fraction" and len(rows) > 1000
+    assert "TTFT mean" in capsys.readouterr().out
+
+
+def test_a_run_or_profile_it_cannot_use_gets_a_clear_error(tmp_path, capsys):
+    assert main(["validate", "--run", str(tmp_path)]) == 2
+    assert "no requests.jsonl" in capsys.readouterr().err
+    run = small_run(tmp_path, [(1.0, 10, 2)])
+    meta = json.loads((run / "vllm" / "meta.json").read_text())
+    del meta["engine_kwargs"]["max_num_seqs"]
+    (run / "vllm" / "meta.json").write_text(json.dumps(meta))
+    assert main(["validate", "--run", str(run)]) == 2
+    assert "engine_kwargs has no max_num_seqs" in capsys.readouterr().err
+    shutil.copy(PRO6000 / "vllm" / "meta.json", run / "vllm" / "meta.json")
+    (run / "vllm" / "requests.jsonl").write_text('{"input_toks": 3}\n')
+    with pytest.raises(ProfileError, match="no output_toks, queued_ts"):
+        read_run(run)
+
+
+def test_rtx4090_run_stays_within_the_accuracy_goal():
+    """Accuracy regression (deterministic replay): means within 5%, p90/p99 within 10%, KS
+    not rejecting end-to-end latency. Figures: docs/simulator.md, Fidelity."""
+    result = validate(RTX4090).result
+    for metric in ("ttft_ms", "tpot_ms", "latency_ms"):
+        errors = result[metric]["error_pct"]
+        assert abs(errors["mean"]) < 5, (metric, errors)
+        assert abs(errors["p90"]) < 10 and abs(errors["p99"]) < 10, (metric, errors)
+    assert result["latency_ms"]["ks_p"] > 0.05
+
+
+def test_a_scenario_runs_on_a_bundled_gpu_profile_with_a_real_runs_workload():
+    from narwhal.sim.runner import run
+
+    scenario = parse_scenario(
+        {
+            "fleet": {
+                "gpu": "RTXPRO6000",
+                "model": "meta-llama/Llama-3.1-8B",
+                "prefill": 1,
+                "decode": 1,
+            },
+            "workload": {"kind": "run", "run": str(PRO6000)},
+        }
+    )
+    assert scenario.fleet.kv_budget().num_blocks == pytest.approx(35_913, rel=0.01)
+    result = run(scenario)
+    assert len(result.records) == 300
+    assert all(r.status == 200 for r in result.records)
+
+
+def test_unknown_gpu_or_model_lists_what_exists():
+    with pytest.raises(ScenarioError, match="known: H200, RTX4090, RTXPRO6000"):
+        parse_scenario({"fleet": {"gpu": "B200", "prefill": 1, "decode": 1}})
+    with pytest.raises(ScenarioError, match=r"bundled: RTX4090 meta-llama/Llama-3\.1-8B"):
+        parse_scenario({"fleet": {"gpu": "RTX4090", "model": "x/y", "both": 1}})
