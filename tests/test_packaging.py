@@ -22,7 +22,9 @@ IMPORT_NAMES = {"pyyaml": "yaml"}  # distributions whose import name differs
 
 
 def _names(requirements: list[str]) -> set[str]:
-    names = {r.split(">")[0].split("<")[0].split("=")[0].split("[")[0].strip() for r in requirements}
+    names = {
+        r.split(">")[0].split("<")[0].split("=")[0].split("[")[0].strip() for r in requirements
+    }
     return {IMPORT_NAMES.get(name, name) for name in names}
 
 
