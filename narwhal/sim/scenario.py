@@ -98,6 +98,9 @@ class FleetSettings(_Strict):
     # "meta-llama/Llama-3.1-8B")
     gpu: str = "H200"
     model: str = "llama3-8b"
+    # a per-operator profile file (`narwhal profile import`) instead of the bundled one of
+    # `gpu` and `model` (which must name its GPU and model)
+    profile: str | None = None
     tensor_parallel: int = Field(1, ge=1)  # per-operator profiles: the engine's TP degree
     cuda_graphs: bool = True  # per-operator profiles: vLLM's default CUDA graphs (else eager)
     # None: vLLM's defaults for the GPU and the usage context (narwhal/sim/vllm_defaults.py)
@@ -134,9 +137,23 @@ class FleetSettings(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> FleetSettings:
-        if self.gpu not in GPUS:
-            raise ValueError(f"gpu {self.gpu!r} is not known; known: {', '.join(sorted(GPUS))}")
+        if self.gpu not in GPUS and (
+            self.profile is None or self.gpu_name is None or self.gpu_memory_gb is None
+        ):
+            raise ValueError(
+                f"gpu {self.gpu!r} is not known; known: {', '.join(sorted(GPUS))} (another GPU "
+                "needs its own profile, gpu_name and gpu_memory_gb)"
+            )
+        if self.gpu not in GPUS and self.tensor_parallel > 1 and not {
+            "tp_allreduce_gbps", "tp_allreduce_latency_us"
+        } <= self.model_fields_set:
+            raise ValueError(
+                f"gpu {self.gpu!r} with tensor_parallel > 1 needs tp_allreduce_gbps and "
+                "tp_allreduce_latency_us"
+            )
         if self.fitted_h200:
+            if self.profile is not None:
+                raise ValueError('profile: the H200 uses its closed-form model; name the GPU')
             if self.model not in model_names():
                 raise ValueError(f"model {self.model!r} is not in the profile ({model_names()})")
             if "tensor_parallel" in self.model_fields_set or "cuda_graphs" in self.model_fields_set:
@@ -146,9 +163,14 @@ class FleetSettings(_Strict):
                 )
         else:
             try:
-                profiles.bundled(self.gpu, self.model)
+                profile = self.op_profile()
             except profiles.ProfileError as error:
                 raise ValueError(str(error)) from None
+            if (profile["gpu"], profile["model"]) != (self.gpu, self.model):
+                raise ValueError(
+                    f"profile {self.profile} is of {profile['model']} on {profile['gpu']}, not "
+                    f"of {self.model} on {self.gpu}"
+                )
             if self.timing == "linear":
                 raise ValueError('timing = "linear" needs gpu = "H200"')
         batch = self.batch()
@@ -178,6 +200,12 @@ class FleetSettings(_Strict):
         """Whether the engines use the closed-form H200 model (else a per-operator profile)."""
         return self.gpu == "H200"
 
+    def op_profile(self) -> dict[str, Any]:
+        """The per-operator profile the engines are timed by (not for the H200)."""
+        if self.profile is not None:
+            return profiles.read_cached(self.profile)
+        return profiles.bundled(self.gpu, self.model)
+
     @property
     def gpu_memory_bytes(self) -> int:
         if self.gpu_memory_gb is None:
@@ -192,7 +220,7 @@ class FleetSettings(_Strict):
         """The served model's shape (sizes for memory, TP and KV transfers)."""
         if self.fitted_h200:
             return model_shape(self.model)
-        config = profiles.model_config(profiles.bundled(self.gpu, self.model))
+        config = profiles.model_config(self.op_profile())
         return shape_of(config, self.tensor_parallel, self.model)
 
     def batch(self) -> BatchDefaults:
@@ -244,21 +272,19 @@ class FleetSettings(_Strict):
             batch = self.batch()
             graphs = capture_sizes(batch.max_num_seqs) if self.cuda_graphs else ()
             timing = profiles.timing(
-                profiles.bundled(self.gpu, self.model),
+                self.op_profile(),
                 shape.tp,
                 shape.kv_bytes_per_token_per_rank * shape.tp,
                 graphs,
             )
             if not self.tp_allreduce:
                 return timing
-            link = GPUS[self.gpu]  # the GPU's link, unless the scenario states its own
-            given = self.model_fields_set
-            gbps = self.tp_allreduce_gbps if "tp_allreduce_gbps" in given else link.allreduce_gbps
-            latency_us = (
-                self.tp_allreduce_latency_us
-                if "tp_allreduce_latency_us" in given
-                else link.allreduce_latency_us
-            )
+            gbps, latency_us = self.tp_allreduce_gbps, self.tp_allreduce_latency_us
+            link = GPUS.get(self.gpu)  # the GPU's link, unless the scenario states its own
+            if link is not None and "tp_allreduce_gbps" not in self.model_fields_set:
+                gbps = link.allreduce_gbps
+            if link is not None and "tp_allreduce_latency_us" not in self.model_fields_set:
+                latency_us = link.allreduce_latency_us
             return with_allreduce(timing, shape, gbps, latency_us / 1e6)
         fitted = step_model(self.model)
         if self.timing == "fitted" and not self.tp_allreduce:

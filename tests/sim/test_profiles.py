@@ -145,3 +145,20 @@ def test_bundled_profiles_carry_provenance_and_licence():
         assert profile["provenance"]["vllm_version"]
     with pytest.raises(source.ProfileError, match="bundled: RTX4090"):
         store.bundled("RTX4090", "org/unknown")
+
+
+def test_a_scenario_runs_on_an_imported_profile_of_another_gpu(tmp_path):
+    from narwhal.sim.runner import run
+    from narwhal.sim.scenario import ScenarioError, parse_scenario
+
+    out = tmp_path / "toy.json.gz"
+    assert main(["profile", "import", str(write_profile(tmp_path)), "--out", str(out)]) == 0
+    fleet = {"gpu": "TOYGPU", "model": "org/toy", "profile": str(out), "both": 2}
+    with pytest.raises(ScenarioError, match="needs its own profile, gpu_name and gpu_memory_gb"):
+        parse_scenario({"fleet": {**fleet, "profile": None}})
+    fleet.update(gpu_name="Toy GPU", gpu_memory_gb=8.0, max_num_seqs=8, max_num_batched_tokens=32)
+    workload = {"kind": "fixed", "arrivals_s": [0.0, 0.01, 0.02], "prompt_tokens": 20}
+    result = run(parse_scenario({"fleet": fleet, "workload": workload}))
+    assert [r.status for r in result.records] == [200, 200, 200]
+    with pytest.raises(ScenarioError, match="is of org/toy on TOYGPU"):
+        parse_scenario({"fleet": {**fleet, "model": "org/other"}, "workload": workload})

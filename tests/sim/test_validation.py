@@ -142,3 +142,28 @@ def test_unknown_gpu_or_model_lists_what_exists():
         parse_scenario({"fleet": {"gpu": "B200", "prefill": 1, "decode": 1}})
     with pytest.raises(ScenarioError, match=r"bundled: RTX4090 meta-llama/Llama-3\.1-8B"):
         parse_scenario({"fleet": {"gpu": "RTX4090", "model": "x/y", "both": 1}})
+
+
+def _disaggregated(run: Path, link_gbps: float) -> Path:
+    config = json.loads((PRO6000 / "config.json").read_text())
+    config["link_bw"], config["link_latency"] = link_gbps, 0
+    instance = config["nodes"][0]["instances"][0]
+    roles = [dict(instance, pd_type="prefill"), dict(instance, pd_type="decode")]
+    config["nodes"][0]["instances"] = roles
+    (run / "config.json").write_text(json.dumps(config))
+    return run
+
+
+def test_a_disaggregated_run_goes_through_the_router_and_pays_its_kv_pull(tmp_path):
+    """One prefill + one decode engine: the KV of the prompt crosses the run's link, so a
+    link 100x slower adds the prompt's KV bytes over it to the first token."""
+    profile = store.bundled("RTXPRO6000", "meta-llama/Llama-3.1-8B")
+    ttft = {}
+    for gbps in (1, 100):
+        run_dir = _disaggregated(small_run(tmp_path / str(gbps), [(5.0, 300, 8)]), gbps)
+        run = read_run(run_dir)
+        assert run.cluster.prefill == run.cluster.decode == 1
+        (timed,) = replay(run, profile)
+        ttft[gbps] = timed.ttft_s
+    kv_bytes = 300 * 131_072  # Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 (K, V) x bf16
+    assert ttft[1] - ttft[100] == pytest.approx(kv_bytes / 1e9 - kv_bytes / 100e9, rel=0.05)

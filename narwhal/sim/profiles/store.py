@@ -88,6 +88,12 @@ def read(path: Path) -> dict[str, Any]:
     return profile
 
 
+@lru_cache(maxsize=16)
+def read_cached(path: str) -> dict[str, Any]:
+    """:func:`read` of a file a scenario names, once per process."""
+    return read(Path(path))
+
+
 def bundled_name(gpu: str, model: str) -> str:
     return f"{gpu}__{model.replace('/', '__')}.json.gz"
 

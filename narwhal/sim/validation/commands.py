@@ -75,7 +75,7 @@ def _validate(args: argparse.Namespace) -> int:
     run = done.run
     print(
         f"{run.engine.model} on {run.gpu}: {len(run.requests)} requests, vLLM "
-        f"{run.engine.vllm_version}, {run.instances} instance(s), max_num_seqs "
+        f"{run.engine.vllm_version}, {_layout(run.cluster)}, max_num_seqs "
         f"{run.engine.max_num_seqs}, max_num_batched_tokens {run.engine.max_num_batched_tokens}"
     )
     if run.engine.defaulted:
@@ -108,3 +108,9 @@ def _import(args: argparse.Namespace) -> int:
     store.write(profile, args.out)
     print(f"wrote {args.out}")
     return 0
+
+
+def _layout(cluster: Any) -> str:
+    if cluster.disaggregated:
+        return f"{cluster.prefill} prefill + {cluster.decode} decode engine(s) through Narwhal"
+    return f"{cluster.colocated} colocated engine(s)"

@@ -1,18 +1,22 @@
 """Replaying a real run on simulated engines: the same requests, arrivals and engine settings.
 
-Rule kept here: the replay changes nothing but the engine. Each request reaches a simulated
-engine when the real engine queued it, asks for the prompt and output lengths the real one
-served (``ignore_eos``: exactly that many tokens), and is timed as the run was timed: first
-token and last token against that arrival. The engine is configured from the run's settings
+Rule kept here: the replay changes nothing but the engine. Each request reaches the simulated
+fleet when the real engine queued it, asks for the prompt and output lengths the real one served
+(``ignore_eos``: exactly that many tokens), and is timed as the run was timed: first token and
+last token against that arrival. The engines are configured from the run's settings
 (:class:`~narwhal.sim.validation.runlog.EngineSetup`) and timed by the profile's operators
 (:mod:`narwhal.sim.profiles.opstep`); no per-run constant enters. A colocated run (each engine
-prefills and decodes its own requests) spreads its requests round robin over its instances;
-a disaggregated run is refused until the replay models it.
+prefills and decodes its own requests) spreads its requests round robin over its engines; a
+disaggregated run (prefill engines, decode engines) goes through Narwhal itself, as a
+disaggregated deployment would: the router's simulated path places a one-token prefill, the
+consumer pulls the KV over the run's link, then decodes.
 
-Theory of operation: one SimPy environment, ``instances`` :class:`~narwhal.sim.gpu.engine.
-SimEngine` objects, and a process that opens each request's stream at its arrival. An engine
-stamps every chunk it writes with the simulated time; the replay reads those stamps once the
-run has drained.
+Theory of operation: colocated, one SimPy environment, one
+:class:`~narwhal.sim.gpu.engine.SimEngine` per engine, and a process that opens each request's
+stream at its arrival; an engine stamps every chunk it writes with the simulated time, read once
+the run has drained. Disaggregated, a scenario (``[fleet]`` from the run, ``[workload] kind =
+"run"``, router timeouts that never fire) is run by :func:`narwhal.sim.runner.run` and its
+records read back in arrival order (the first token the client got: ``first_byte_s``).
 """
 
 from __future__ import annotations
@@ -119,11 +123,8 @@ def replay(
     run: RunLog, profile: dict[str, Any], seed: int = 0, allreduce: bool = True
 ) -> list[Timed]:
     """Simulate ``run`` with ``profile``; the timing of each request, in the run's order."""
-    if run.disaggregated:
-        raise ProfileError(
-            f"{run.path}: a disaggregated (prefill/decode) run; the replay covers colocated "
-            "engines only"
-        )
+    if run.cluster.disaggregated:
+        return _through_router(run, profile, seed, allreduce)
     params, timing = engine_timing(run, profile, allreduce)
     env = simpy.Environment()
     registry: Registry = {}
@@ -139,7 +140,7 @@ def replay(
             registry,
             random.Random(f"{seed}/{i}"),
         )
-        for i in range(run.instances)
+        for i in range(run.cluster.colocated)
     ]
     streams: list[SimStream | None] = [None] * len(run.requests)
 
@@ -174,3 +175,73 @@ def replay(
             Timed(stamps[0] - request.arrival_s, stamps[-1] - request.arrival_s, request.output)
         )
     return out
+
+
+NEVER_S = 86_400.0  # router timeouts a replay must not hit: the run had no such router
+
+
+def _through_router(
+    run: RunLog, profile: dict[str, Any], seed: int, allreduce: bool
+) -> list[Timed]:
+    """A disaggregated run through Narwhal's simulated router (see the module docstring)."""
+    import tempfile
+    from pathlib import Path
+
+    from narwhal.sim.results import record_rows
+    from narwhal.sim.runner import run as simulate
+    from narwhal.sim.scenario import parse_scenario
+
+    cluster, engine = run.cluster, run.engine
+    if not cluster.prefill or not cluster.decode:
+        raise ProfileError(f"{run.path}: a disaggregated run needs prefill and decode engines")
+    shape = shape_of(store.model_config(profile), engine.tensor_parallel)
+    fleet: dict[str, Any] = {
+        "gpu": run.gpu,
+        "model": engine.model,
+        "prefill": cluster.prefill,
+        "decode": cluster.decode,
+        "both": cluster.colocated,
+        "max_num_seqs": engine.max_num_seqs,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "block_size": engine.block_size,
+        "kv_cache_tokens": num_blocks(run, shape) * engine.block_size,
+        "tensor_parallel": engine.tensor_parallel,
+        "cuda_graphs": not engine.enforce_eager,
+        "prefix_caching": engine.prefix_caching,
+        "tp_allreduce": allreduce,
+        "step_overhead_ms": 0.0,
+        "jitter": 0.0,
+    }
+    if cluster.link_gbps is not None:
+        fleet["link_bandwidth_gbps"] = cluster.link_gbps
+    if cluster.link_latency_s is not None:
+        fleet["link_setup_ms"] = cluster.link_latency_s * 1e3
+    if run.gpu not in GPUS:
+        raise ProfileError(f"{run.path}: GPU {run.gpu!r} is not one of {', '.join(sorted(GPUS))}")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "profile.json.gz"
+        store.write(profile, path)
+        fleet["profile"] = str(path)
+        scenario = parse_scenario(
+            {
+                "fleet": fleet,
+                "workload": {"kind": "run", "run": str(run.path)},
+                "engine": {
+                    "first_token_timeout_s": NEVER_S,
+                    "decode_read_timeout_s": NEVER_S,
+                    "request_timeout_s": NEVER_S,
+                },
+                "sim": {"seed": seed, "decision_log": False},
+            },
+            f"replay of {run.path}",
+        )
+        rows = record_rows(simulate(scenario))
+    order = sorted(range(len(run.requests)), key=lambda i: run.requests[i].arrival_s)
+    timed: list[Timed | None] = [None] * len(run.requests)
+    for i, row in zip(order, rows, strict=True):
+        if row["status"] != 200:
+            raise ProfileError(f"request {i} failed in the replay: {row['outcome']}")
+        timed[i] = Timed(
+            float(row["first_byte_s"]), float(row["finished_s"]), run.requests[i].output
+        )
+    return [t for t in timed if t is not None]

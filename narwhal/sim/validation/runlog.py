@@ -73,12 +73,26 @@ class EngineSetup:
 
 
 @dataclass(frozen=True)
+class Cluster:
+    """How the run's engines were laid out (LLMServingSim's cluster ``config.json``)."""
+
+    prefill: int = 0  # engines that only prefill (a disaggregated run)
+    decode: int = 0  # engines that only decode
+    colocated: int = 1  # engines that do both
+    link_gbps: float | None = None  # the KV link between engines, GB/s
+    link_latency_s: float | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill > 0 or self.decode > 0
+
+
+@dataclass(frozen=True)
 class RunLog:
     path: Path
     gpu: str  # the run's hardware key (its directory name)
     engine: EngineSetup
-    instances: int
-    disaggregated: bool
+    cluster: Cluster
     requests: tuple[RunRequest, ...]
     dataset: Path | None = None  # where the prompts' token ids came from
 
@@ -173,14 +187,10 @@ def read_run(run_dir: Path) -> RunLog:
     except ValueError as error:
         raise ProfileError(f"{meta_path}: {error}") from None
     engine = _engine(meta, meta_path)
-    instances, disaggregated = 1, False
-    cluster_path = vllm_dir.parent / "config.json"
-    if vllm_dir != run_dir or cluster_path.is_file():
-        cluster = _cluster(cluster_path)
-        if cluster is not None:
-            instances, disaggregated = cluster
+    cluster = _cluster(vllm_dir.parent / "config.json") or Cluster()
     data_parallel = int((meta.get("engine_kwargs") or {}).get("data_parallel_size") or 1)
-    instances = max(instances, data_parallel)
+    if not cluster.disaggregated and data_parallel > cluster.colocated:
+        cluster = dataclasses.replace(cluster, colocated=data_parallel)
     gpu = vllm_dir.parent.parent.name if vllm_dir.name == "vllm" else vllm_dir.parent.name
     requests = read_requests(vllm_dir / "requests.jsonl")
     dataset = find_dataset(vllm_dir, meta)
@@ -190,8 +200,7 @@ def read_run(run_dir: Path) -> RunLog:
         path=run_dir,
         gpu=gpu,
         engine=engine,
-        instances=instances,
-        disaggregated=disaggregated,
+        cluster=cluster,
         requests=requests,
         dataset=dataset,
     )
@@ -271,8 +280,9 @@ def with_segments(
     )
 
 
-def _cluster(path: Path) -> tuple[int, bool] | None:
-    """(instances, whether prefill and decode are split) from LLMServingSim's cluster config."""
+def _cluster(path: Path) -> Cluster | None:
+    """The engines' layout from LLMServingSim's cluster config (``pd_type`` prefill / decode /
+    none per instance; ``link_bw`` GB/s and ``link_latency`` ns between them)."""
     if not path.is_file():
         return None
     try:
@@ -282,5 +292,16 @@ def _cluster(path: Path) -> tuple[int, bool] | None:
     instances = [i for node in config.get("nodes", []) for i in node.get("instances", [])]
     if not instances:
         return None
-    roles = {str(i.get("pd_type")) for i in instances if i.get("pd_type")}
-    return len(instances), bool(roles)
+    roles = [str(i.get("pd_type") or "") for i in instances]
+    unknown = sorted({r for r in roles if r not in ("", "prefill", "decode")})
+    if unknown:
+        raise ProfileError(f"{path}: unknown pd_type {', '.join(unknown)}")
+    link = config.get("link_bw")
+    latency = config.get("link_latency")
+    return Cluster(
+        prefill=roles.count("prefill"),
+        decode=roles.count("decode"),
+        colocated=roles.count(""),
+        link_gbps=float(link) if isinstance(link, int | float) and link > 0 else None,
+        link_latency_s=float(latency) / 1e9 if isinstance(latency, int | float) else None,
+    )
