@@ -27,8 +27,9 @@ Theory of operation:
 - Results are tagged with the engine's *epoch* at placement. Ejection and readmission bump the
   epoch, so a late result from before an ejection never changes the new state.
 - Probes: at most one in flight per engine (PROBING). The cadence is ``probe_interval_s`` with
-  jitter and doubling backoff after failed probes (capped at 16x). An inconclusive probe
-  returns to the normal cadence: the next probe after ``probe_interval_s``, the backoff reset.
+  jitter and doubling backoff after failed probes, up to ``probe_backoff_cap`` intervals (16).
+  An inconclusive probe returns to the normal cadence: the next probe after
+  ``probe_interval_s``, the backoff reset.
   When every engine able to serve a role is ejected (a whole wave), all of them are probed
   together, at once, instead of one by one.
 - Health checks: a failed check marks an engine down (EJECTED, reason "health"). Without an
@@ -52,7 +53,6 @@ from enum import Enum
 from narwhal.core.config import RecoverySettings, Role
 from narwhal.core.records import DecisionLog
 
-BACKOFF_CAP = 16.0
 JITTER = 0.25  # probe delays are drawn from [1 - JITTER, 1 + JITTER] x the nominal delay
 
 
@@ -94,6 +94,7 @@ class EngineHealth:
     probe_producer: str | None = None  # for a consumer ejected after a crossed decode
     capped: bool = False  # reached eject_after while the ejection cap was reached
     draining: bool = False  # removed by a reload: no placement, forgotten once free
+    down: bool = False  # its last health check failed (never placed, even in panic)
 
     @property
     def streak(self) -> int:
@@ -167,6 +168,23 @@ class Breaker:
         engine = self._engines[url]
         return not engine.probing and engine.ejected_since is None
 
+    @property
+    def panic_threshold_percent(self) -> int:
+        return self._recovery.panic_threshold_percent
+
+    def is_member(self, url: str) -> bool:
+        """True when the engine belongs to the fleet's roles now (not joining, not draining)."""
+        engine = self._engines[url]
+        return not engine.draining and engine.eject_reason != JOINING_REASON
+
+    def may_serve_in_panic(self, url: str) -> bool:
+        """True when the engine is a member that no health check has found down (a joining,
+        draining or down engine cannot serve even when its role panics)."""
+        engine = self._engines[url]
+        if engine.draining or engine.eject_reason == JOINING_REASON:
+            return False
+        return not engine.down
+
     def epoch(self, url: str) -> int:
         return self._engines[url].epoch
 
@@ -222,6 +240,7 @@ class Breaker:
         engine = self._engines.get(url)
         if engine is None or engine.draining:  # forgotten or leaving while it was checked
             return
+        engine.down = not ok
         if not ok:
             if engine.ejected_since is None:
                 engine.probe_producer = None
@@ -269,7 +288,7 @@ class Breaker:
             engine.failed_probes += 1
         else:  # inconclusive: nothing learned about the engine, back to the normal cadence
             engine.failed_probes = 0
-        factor = min(2.0**engine.failed_probes, BACKOFF_CAP)
+        factor = min(2.0**engine.failed_probes, self._recovery.probe_backoff_cap)
         engine.next_probe_at = now + self._jittered(self._recovery.probe_interval_s * factor)
 
     # ------------------------------------------------------------------ fleet changes

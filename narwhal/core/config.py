@@ -104,6 +104,12 @@ class RecoverySettings(_Strict):
     retry_budget_min: Annotated[Count, Field(ge=0)] = 3
     # the background loop ticks at half of it: a floor keeps that from spinning
     probe_interval_s: Annotated[Duration, Field(ge=0.01)] = 5.0
+    # after each failed probe the next waits twice as long, up to this many probe intervals
+    probe_backoff_cap: Annotated[float, Strict(), AllowInfNan(False), Field(ge=1, le=1000)] = 16.0
+    # Envoy's panic threshold: while fewer than this share of a role's engines are in service,
+    # placement ignores ejection and spreads over every engine of the role that its health
+    # checks have not found down (0: never)
+    panic_threshold_percent: Annotated[Count, Field(ge=0, le=100)] = 50
     # tokens a consumer's probe decodes, all within engine.first_token_timeout_s: a consumer
     # that goes silent after fewer tokens than this fails its probe and stays ejected
     probe_decode_tokens: Annotated[Count, Field(ge=1, le=256)] = 8

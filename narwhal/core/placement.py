@@ -23,7 +23,14 @@ engine. When no engine of the phase is ready but some are in service, placement 
 those this request has not failed on if there are any, a quarantined engine before a capped one
 and the quarantine that ends first before a later one (config order among equals), and logs a
 ``quarantine_fallback`` decision. Only when every engine of the role is ejected or being probed
-is there no placement (the caller answers 503 with Retry-After).
+is there no placement (the caller answers 503 with Retry-After) — unless the role panics.
+
+Panic (Envoy's panic threshold, ``recovery.panic_threshold_percent``): while fewer than that
+share of a phase's engines (members: not joining, not draining) are in service, placement spreads
+over every member that no health check has found down, ejected or being probed alike, so a role
+of one or two engines never goes dark while an engine could serve. Entering and leaving panic are
+logged once each (``panic`` / ``panic_end``, with the phase and the in-service count); the
+breaker's state is untouched (an ejected engine still needs its probe to be readmitted).
 
 Fleet changes (a configuration reload, :mod:`narwhal.core.fleet_changes`) reach placement
 through :meth:`Placement.serve`: the serving lists become the new fleet's, in its order (a
@@ -81,6 +88,7 @@ class Placement:
     ) -> None:
         self._breaker = breaker
         self._log = log
+        self._panicking = dict.fromkeys(PHASES, False)  # whether each phase panics now
         self.counts: dict[str, dict[str, int]] = {url: dict.fromkeys(PHASES, 0) for url in roles}
         # the engines serving each phase, in config order (changed only by serve())
         self._serving = {
@@ -133,14 +141,31 @@ class Placement:
         return [url for url in self._serving[phase] if breaker.placeable(url, now)]
 
     def any_eligible(self, phase: str, now: float) -> bool:
-        """Whether :meth:`choose` would find an engine for ``phase`` now (a ready one, or a
-        quarantined one to fall back on)."""
+        """Whether :meth:`choose` would find an engine for ``phase`` now (a ready one, a
+        quarantined one to fall back on, or any engine that may serve in panic)."""
         breaker = self._breaker
         # a plain loop, not any() over a generator (which costs more than the loop; every attempt)
-        for url in self._serving[phase]:  # noqa: SIM110
+        for url in self._serving[phase]:
             if breaker.in_service(url):
                 return True
-        return False
+        return bool(self._panic_candidates(phase, now))
+
+    def _panic_candidates(self, phase: str, now: float) -> list[str]:
+        """The engines ``phase`` spreads over in panic, or [] when it does not panic now (and
+        the log entry when that changes)."""
+        breaker = self._breaker
+        threshold = breaker.panic_threshold_percent
+        if threshold == 0:
+            return []
+        members = [url for url in self._serving[phase] if breaker.may_serve_in_panic(url)]
+        joined = [url for url in self._serving[phase] if breaker.is_member(url)]
+        serving = sum(1 for url in joined if breaker.in_service(url))
+        panic = bool(members) and 100 * serving < threshold * len(joined)
+        if panic != self._panicking[phase]:
+            self._panicking[phase] = panic
+            kind = "panic" if panic else "panic_end"
+            self._log.add(now, kind, None, phase=phase, in_service=serving, engines=len(joined))
+        return members if panic else []
 
     def falls_back(self, phase: str, now: float) -> bool:
         """Whether ``phase`` has no ready engine but a quarantined one to fall back on."""
@@ -182,6 +207,10 @@ class Placement:
             if not breaker.placeable(url, now):
                 candidates = [url for url in serving if breaker.placeable(url, now)]
                 break
+        if candidates is not serving or self._panicking[phase]:
+            panic = self._panic_candidates(phase, now)
+            if panic:
+                candidates = panic
         if not candidates:
             return self._quarantine_fallback(phase, now, avoid, request)
         if avoid:

@@ -356,6 +356,12 @@ class RouterMetrics:
             ["engine", "phase"],
             registry=r,
         )
+        self.panics = Counter(
+            "narwhal_panics",
+            "times a phase entered panic (too few engines in service: spread over all)",
+            ["phase"],
+            registry=r,
+        )
         self.ejections_capped = Counter(
             "narwhal_ejections_capped",
             "ejections not made because of recovery.max_ejection_percent",
@@ -448,6 +454,8 @@ class RouterMetrics:
             self.stale.labels(engine).inc()
         elif kind == "quarantine_fallback":
             self.quarantine_fallbacks.labels(engine, str(detail.get("phase", ""))).inc()
+        elif kind == "panic":
+            self.panics.labels(str(detail.get("phase", ""))).inc()
         elif kind == "eject_capped":
             self.ejections_capped.labels(engine).inc()
         elif kind == "empty_stream_charged":

@@ -245,7 +245,7 @@ def test_eject_after_k_failures_through_the_lifecycle() -> None:
     cfg = parse_config(
         {
             "engine": {"first_token_timeout_s": 1.0},
-            "recovery": {"eject_after": 2},
+            "recovery": {"eject_after": 2, "panic_threshold_percent": 0},  # no panic: a 503
             "engines": [{"url": P0, "role": "prefill"}, {"url": D0, "role": "decode"}],
         }
     )
@@ -290,7 +290,8 @@ def serve_many(cfg: Any, scripts: dict[str, list[Any]], n: int) -> tuple[list[An
 
 def test_a_both_engine_whose_decodes_fail_is_ejected_although_its_prefills_pass() -> None:
     both = "http://both"
-    cfg = parse_config({"recovery": {"eject_after": 2}, "engines": [{"url": both, "role": "both"}]})
+    recovery = {"eject_after": 2, "panic_threshold_percent": 0}  # no panic: the role goes dark
+    cfg = parse_config({"recovery": recovery, "engines": [{"url": both, "role": "both"}]})
     statuses, policies = serve_many(cfg, {"decode": [Decode(connect="refused")] * 2}, 3)
     assert statuses == [502, 502, 503]
     assert policies.breaker.health(both).ejected_since is not None

@@ -37,7 +37,10 @@ def placement_with_log(
     b = Breaker(
         ROLES.items(),
         RecoverySettings(
-            eject_after=eject_after, failure_quarantine_s=quarantine, max_ejection_percent=100
+            eject_after=eject_after,
+            failure_quarantine_s=quarantine,
+            max_ejection_percent=100,
+            panic_threshold_percent=0,  # ejection alone here (panic: tests/core/test_panic.py)
         ),
         random.Random(seed),
         log,
@@ -154,7 +157,12 @@ def test_a_capped_engine_is_placed_only_when_no_quarantined_one_is_left() -> Non
     roles = {"http://d0": Role.DECODE, "http://d1": Role.DECODE, "http://d2": Role.DECODE}
     b = Breaker(
         roles.items(),
-        RecoverySettings(eject_after=1, failure_quarantine_s=2.0, max_ejection_percent=34),
+        RecoverySettings(
+            eject_after=1,
+            failure_quarantine_s=2.0,
+            max_ejection_percent=34,
+            panic_threshold_percent=0,  # (1 of 3 in service would panic)
+        ),
         random.Random(0),
         log,
     )
@@ -182,7 +190,10 @@ def routed(
     b = Breaker(
         ROLES.items(),
         RecoverySettings(
-            eject_after=2, failure_quarantine_s=1.0, max_ejection_percent=max_ejection_percent
+            eject_after=2,
+            failure_quarantine_s=1.0,
+            max_ejection_percent=max_ejection_percent,
+            panic_threshold_percent=0,  # the eligible engines as the breaker says (no panic)
         ),
         random.Random(seed),
         log,

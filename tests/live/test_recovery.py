@@ -27,13 +27,39 @@ def expected(n: int = 3) -> str:
     return "".join(completion_tokens(prompt_text({"prompt": PROMPT}, chat=False), n))
 
 
+def test_a_lone_consumer_healthy_again_serves_in_panic_before_its_probe(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
+) -> None:
+    """The role of one consumer panics (default threshold 50%) once it is ejected: while its
+    probe waits (a minute away), the next request is served by it, not refused with 503."""
+    producer, consumer = emulator("prefill"), emulator("decode")
+    handle = router(
+        [{"url": producer.url, "role": "prefill"}, {"url": consumer.url, "role": "decode"}],
+        recovery={"eject_after": 2, "probe_interval_s": 60.0},
+    )
+    consumer.faults({"kind": "http_5xx", "code": 500})
+    for _ in range(2):
+        with pytest.raises(openai.APIStatusError) as caught:
+            ask(handle)
+        assert caught.value.status_code == 502
+    assert handle.engine(consumer.url)["state"] in ("ejected", "probing")
+    handle.wait_for(
+        lambda: metric_value(handle.metrics(), "narwhal_probes_total", outcome="failed") >= 1
+    )  # its first probe failed: the next is two minutes away
+    consumer.clear()
+    assert ask(handle) == expected()
+    assert handle.engine(consumer.url)["state"] in ("ejected", "probing")  # still its probe's
+    assert metric_value(handle.metrics(), "narwhal_panics_total", phase="decode") == 1
+
+
 def test_ejection_then_probe_readmission(
     emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
 ) -> None:
     producer, consumer = emulator("prefill"), emulator("decode")
     handle = router(
         [{"url": producer.url, "role": "prefill"}, {"url": consumer.url, "role": "decode"}],
-        recovery={"eject_after": 2, "probe_interval_s": 0.2},
+        # no panic: the lone consumer's ejection takes its role out (tests/core/test_panic.py)
+        recovery={"eject_after": 2, "probe_interval_s": 0.2, "panic_threshold_percent": 0},
     )
     consumer.faults({"kind": "http_5xx", "code": 500})
     for _ in range(2):
