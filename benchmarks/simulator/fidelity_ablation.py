@@ -6,12 +6,14 @@ For each run in tests/data/runs, replays it (narwhal validate's replay) with the
 with one part taken out at a time, and prints the mean TTFT, TPOT and end-to-end errors (%):
 - no prefix identity: every prompt unique (the run's dataset not read), so no prefix-cache hits;
 - eager: no CUDA-graph padding (the profile's eager times at the batch's own size);
+- no skew: decodes of unequal contexts priced as many of their mean context (alpha 0);
 - no all-reduce: a TP > 1 engine without its all-reduces.
 The docs/simulator.md Fidelity table is this script's output.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from statistics import mean
@@ -53,6 +55,11 @@ def main() -> None:
         for label, variant in variants.items():
             ttft, tpot, e2e = errors(variant, profile)
             print(f"{name:<28}{label:<22}{ttft:>+7.1f}%{tpot:>+7.1f}%{e2e:>+7.1f}%")
+        unskewed = copy.deepcopy(profile)
+        for tables in unskewed["tp"].values():
+            tables["skew_alpha"] = 0.0
+        ttft, tpot, e2e = errors(run, unskewed)
+        print(f"{name:<28}{'no skew':<22}{ttft:>+7.1f}%{tpot:>+7.1f}%{e2e:>+7.1f}%")
         if run.engine.tensor_parallel > 1:
             ttft, tpot, e2e = errors(run, profile, allreduce=False)
             print(f"{name:<28}{'no all-reduce':<22}{ttft:>+7.1f}%{tpot:>+7.1f}%{e2e:>+7.1f}%")

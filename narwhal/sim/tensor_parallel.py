@@ -63,9 +63,10 @@ class TensorParallelStep:
         decode_context: int,
         prefill_pairs: float,
         prefill_seqs: int = 0,
+        longest_context: int = 0,
     ) -> float:
         shard = self.shard.batch_s(
-            decodes, prefill_tokens, decode_context, prefill_pairs, prefill_seqs
+            decodes, prefill_tokens, decode_context, prefill_pairs, prefill_seqs, longest_context
         )
         return shard + self.fixed_s + self.per_token_s * (decodes + prefill_tokens)
 

@@ -74,6 +74,7 @@ class StepModel:
         decode_context: int,
         prefill_pairs: float,
         prefill_seqs: int = 0,
+        longest_context: int = 0,
     ) -> float:
         """The :class:`StepTiming` interface: :meth:`step_s` of ``decodes + prefill_tokens``."""
         linear = self.base_s + self.per_token_s * (decodes + prefill_tokens)
@@ -95,10 +96,12 @@ class StepTiming(Protocol):
         decode_context: int,
         prefill_pairs: float,
         prefill_seqs: int = 0,
+        longest_context: int = 0,
     ) -> float:
         """One step's GPU time: ``decodes`` decoding sequences (their contexts summing to
-        ``decode_context``) and ``prefill_seqs`` prefill chunks of ``prefill_tokens`` tokens
-        in all (``prefill_pairs`` query-key pairs of attention between them)."""
+        ``decode_context``, the longest ``longest_context``) and ``prefill_seqs`` prefill chunks
+        of ``prefill_tokens`` tokens in all (``prefill_pairs`` query-key pairs of attention
+        between them)."""
         ...
 
 
@@ -135,6 +138,7 @@ class LinearStepTiming:
         decode_context: int,
         prefill_pairs: float,
         prefill_seqs: int = 0,
+        longest_context: int = 0,
     ) -> float:
         step = self.decode_s_per_token
         if decodes > 1:

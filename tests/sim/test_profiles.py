@@ -162,3 +162,21 @@ def test_a_scenario_runs_on_an_imported_profile_of_another_gpu(tmp_path):
     assert [r.status for r in result.records] == [200, 200, 200]
     with pytest.raises(ScenarioError, match="is of org/toy on TOYGPU"):
         parse_scenario({"fleet": {**fleet, "model": "org/other"}, "workload": workload})
+
+
+def test_skewed_batches_pay_the_profiles_measured_share_toward_the_longest_context(tmp_path):
+    profile_dir = write_profile(tmp_path)
+    # skewed batches measured 10% of the way from mean-context to longest-context time
+    rows = ["t_mean_us,t_max_us,t_skew_us"] + [
+        f"{m},{m + g},{m + g / 10}" for m, g in ((100, 50), (200, 80), (50, 10))
+    ]
+    (profile_dir / "tp1" / "skew.csv").write_text("\n".join(rows) + "\n")
+    profile = store.from_source(source.read_profile(profile_dir), "x")
+    assert profile["tp"]["1"]["skew_alpha"] == pytest.approx(0.1)
+    timing = store.timing(profile, 1, 1024, ())
+    even = timing.batch_s(4, 0, 4 * 32, 0.0)
+    skewed = timing.batch_s(4, 0, 4 * 32, 0.0, 0, 64)  # mean 32, longest 64
+    gap_us = _attn_us(0, 0, 4, 64) - _attn_us(0, 0, 4, 32)
+    assert skewed - even == pytest.approx(2 * 0.1 * gap_us / 1e6)  # two layers
+    without = store.from_source(source.read_profile(write_profile(tmp_path / "b")), "x")
+    assert without["tp"]["1"]["skew_alpha"] == 0.0  # not measured: no correction

@@ -106,10 +106,11 @@ def test_a_run_or_profile_it_cannot_use_gets_a_clear_error(tmp_path, capsys):
         read_run(run)
 
 
-def test_rtx4090_run_stays_within_the_accuracy_goal():
+@pytest.mark.parametrize("run_dir", [RTX4090, PRO6000], ids=["RTX4090", "RTXPRO6000"])
+def test_the_llama_runs_stay_within_the_accuracy_goal(run_dir: Path) -> None:
     """Accuracy regression (deterministic replay): means within 5%, p90/p99 within 10%, KS
     not rejecting end-to-end latency. Figures: docs/simulator.md, Fidelity."""
-    result = validate(RTX4090).result
+    result = validate(run_dir).result
     for metric in ("ttft_ms", "tpot_ms", "latency_ms"):
         errors = result[metric]["error_pct"]
         assert abs(errors["mean"]) < 5, (metric, errors)

@@ -24,7 +24,9 @@ Theory of operation:
   emit output (every ``stream_interval`` tokens) or finishes are filed in buckets keyed by step
   number. A step costs O(1) plus the sequences that have something due at it.
 - A bucket entry carries the sequence's ``run``; a sequence that left the batch since has a new
-  ``run``, and its old entries are skipped.
+  ``run``, and its old entries are skipped. The longest decode context (what a skewed batch's
+  attention pays for) is the top of a heap of ``c0 - j`` kept the same way: entries of
+  sequences that left are dropped when they reach the top.
 - A decode leg whose KV lives on a producer is admitted with blocks for its prompt (beside
   the blocks running prefills still need) and first pulls the KV
   (:class:`~narwhal.sim.gpu.handoffs.KvPull` over the :class:`~narwhal.sim.kvnet.KvNetwork`);
@@ -43,6 +45,7 @@ Theory of operation:
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections import deque
 from collections.abc import Callable
@@ -126,6 +129,8 @@ class Scheduler:
         self.transferring = 0
         self.pulled: deque[Seq] = deque()  # pulls done, waiting for room in the batch
         self.ctx_base = 0  # the decode batch's total context at step s: ctx_base + len * s
+        # (-(c0 - j), id, run, seq) of every decode that joined: the longest context on top
+        self.longest: list[tuple[int, int, int, Seq]] = []
         self.it = 0  # the next step's number
         self.block_due: Due = {}
         self.out_due: Due = {}
@@ -209,9 +214,20 @@ class Scheduler:
             return None
         decodes = len(self.decoding)
         context = self.ctx_base + decodes * step
-        dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs, len(chunks))
+        longest = self._longest_context(step) if decodes > 1 else 0
+        dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs, len(chunks), longest)
         dt = self.cost.seconds(dt, decodes + len(chunks), tokens, self.rng)
         return dt * self.switches.slow, chunks
+
+    def _longest_context(self, step: int) -> int:
+        """The longest context in the decode batch at step ``step``."""
+        heap = self.longest
+        while heap:
+            _, _, run, seq = heap[0]
+            if seq.state is DECODE and seq.run == run:
+                return seq.c0 + step - seq.j
+            heapq.heappop(heap)
+        return 0
 
     def _admit(self, step: int, budget: int, chunks: Chunks) -> int:
         """vLLM's waiting queues, while the sequence cap and the token budget allow: pulled
@@ -334,6 +350,7 @@ class Scheduler:
         seq.c0 = c0 = seq.prompt + seq.gen
         self.decoding[seq] = None
         self.ctx_base += c0 - step
+        heapq.heappush(self.longest, (step - c0, seq.id, seq.run, seq))
         finish = step + remaining - 1
         _file(self.out_due, finish, seq)
         if seq.emitted == 0 or seq.fault is not None:

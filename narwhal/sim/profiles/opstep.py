@@ -8,8 +8,12 @@ scheduled token). Each operator's time is read from its measured table (:mod:`.t
 CUDA graphs, as vLLM's default ``FULL_AND_PIECEWISE`` mode runs them: a step of at most the
 largest capture size runs padded to the next capture size, so its token-wise operators cost
 what the padded batch costs; a decode-only step runs its attention inside the graph too, on the
-padded number of sequences. Nothing here is fitted to a run: every number is the profile's, the
-capture sizes are vLLM's rule for the engine's settings (:func:`capture_sizes`).
+padded number of sequences. Decodes of unequal contexts cost more attention than as many of
+their mean context (the varlen kernel's tiles and SM imbalance): the profile measures how much,
+as the share ``alpha`` of the way from the mean-context time to the longest-context time
+(:func:`pooled_skew_alpha`), and a step adds that share. Nothing here is fitted to a run: every
+number is the profile's, the capture sizes are vLLM's rule for the engine's settings
+(:func:`capture_sizes`).
 
 Theory of operation: the token-wise operators are summed once into two curves (per layer, per
 step), so a step costs two curve lookups, one attention lookup and two head lookups. Several
@@ -38,6 +42,16 @@ def capture_sizes(max_num_seqs: int, max_size: int | None = None) -> tuple[int, 
     top = min(2 * max_num_seqs, 512) if max_size is None else max_size
     sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
     return tuple(s for s in sizes if s <= top)
+
+
+def pooled_skew_alpha(rows: list[tuple[float, float, float]]) -> float:
+    """The one ``alpha`` that best explains a profile's skewed batches, from (mean-context
+    time, longest-context time, measured skewed time) each: least squares of ``skewed - mean =
+    alpha x (longest - mean)`` through the origin (LLMServingSim's pooled value: 0.0543 for
+    Llama-3.1-8B on the RTX PRO 6000, as its meta.yaml states)."""
+    num = sum((skewed - t_mean) * (t_max - t_mean) for t_mean, t_max, skewed in rows)
+    den = sum((t_max - t_mean) ** 2 for t_mean, t_max, _ in rows)
+    return num / den if den > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -86,8 +100,10 @@ class OperatorStepTiming:
         layers: int,
         kv_bytes_per_token: int,
         graph_sizes: tuple[int, ...] = (),
+        skew_alpha: float = 0.0,
     ) -> None:
         self.ops = ops
+        self.skew_alpha = skew_alpha  # 0: the profile measured no skew
         self.attention = attention
         self.layers = layers
         self._kv_bytes_per_token = kv_bytes_per_token
@@ -111,6 +127,7 @@ class OperatorStepTiming:
         decode_context: int,
         prefill_pairs: float,
         prefill_seqs: int = 0,
+        longest_context: int = 0,
     ) -> float:
         tokens = decodes + prefill_tokens
         if tokens <= 0:
@@ -124,6 +141,12 @@ class OperatorStepTiming:
             cached = max(0.0, prefill_pairs / prefill_tokens - prefill_tokens / 2)
         else:
             cached = 0.0
-        seconds += self.layers * self.attention.at(prefill_tokens, cached, attn_decodes, mean_ctx)
+        attention = self.attention
+        per_layer = attention.at(prefill_tokens, cached, attn_decodes, mean_ctx)
+        if self.skew_alpha and longest_context > mean_ctx:
+            longest = attention.at(prefill_tokens, cached, attn_decodes, longest_context)
+            if longest > per_layer:
+                per_layer += self.skew_alpha * (longest - per_layer)
+        seconds += self.layers * per_layer
         rows = decodes + prefill_seqs
         return seconds + ops.lm_head.at(rows) + ops.sampler.at(rows)

@@ -79,6 +79,7 @@ class RawTables:
     dense: dict[str, list[tuple[float, float]]]
     per_sequence: dict[str, list[tuple[float, float]]]
     attention: list[tuple[float, float, float, float, float]]
+    skew: list[tuple[float, float, float]]  # skew.csv: (mean-context, longest, skewed) times
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,32 @@ def read_tables(tp_dir: Path) -> RawTables:
         dense=_curves(tp_dir / "dense.csv", "tokens"),
         per_sequence=_curves(tp_dir / "per_sequence.csv", "sequences"),
         attention=attention,
+        skew=_skew(tp_dir / "skew.csv"),
     )
+
+
+def _skew(path: Path) -> list[tuple[float, float, float]]:
+    """The skewed-batch measurements, where the profile has them (none: no correction)."""
+    if not path.is_file():
+        return []
+    columns = ("t_mean_us", "t_max_us", "t_skew_us")
+    return [
+        (
+            _number(row, columns[0], path),
+            _number(row, columns[1], path),
+            _number(row, columns[2], path),
+        )
+        for row in _rows(path, columns)
+    ]
+
+
+def origin(profile_dir: Path) -> str:
+    """Where a profile came from, as written into it: its path inside the LLMServingSim
+    checkout when it sits in one (``profiler/perf/...``: no local directories), else as given."""
+    parts = profile_dir.resolve().parts
+    if len(parts) >= 6 and parts[-6:-4] == ("profiler", "perf"):
+        return "LLMServingSim " + "/".join(parts[-6:])
+    return str(profile_dir)
 
 
 def find_model_config(profile_dir: Path, model: str) -> Path:

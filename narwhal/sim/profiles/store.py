@@ -23,7 +23,12 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from narwhal.sim.profiles.opstep import OperatorStepTiming, capture_sizes, fold_ops
+from narwhal.sim.profiles.opstep import (
+    OperatorStepTiming,
+    capture_sizes,
+    fold_ops,
+    pooled_skew_alpha,
+)
 from narwhal.sim.profiles.source import ModelConfig, ProfileError, SourceProfile
 from narwhal.sim.profiles.tables import AttentionGrid, Curve, leave_one_out
 
@@ -47,6 +52,7 @@ def from_source(source: SourceProfile, origin: str) -> dict[str, Any]:
                 k: [[s, _round(t)] for s, t in v] for k, v in sorted(tables.per_sequence.items())
             },
             "attention": [[c, k, n, x, _round(t)] for c, k, n, x, t in tables.attention],
+            "skew_alpha": round(pooled_skew_alpha(tables.skew), 4),
         }
     return {
         "format": FORMAT,
@@ -150,6 +156,7 @@ def timing(
         model_config(profile).layers,
         kv_bytes_per_token,
         graph_sizes,
+        float(tables.get("skew_alpha", 0.0)),
     )
 
 

@@ -98,12 +98,14 @@ def _import(args: argparse.Namespace) -> int:
     except (source.ProfileError, OSError) as error:
         print(f"narwhal profile import: {error}", file=sys.stderr)
         return 2
-    profile = store.from_source(imported, str(args.profile_dir))
+    profile = store.from_source(imported, source.origin(args.profile_dir))
     print(f"{imported.model} on {imported.gpu_name}: tp {', '.join(map(str, imported.tables))}")
     print(f"{'tp':>3} {'table':<16}{'points':>7}{'mean |err|':>12}{'max |err|':>11}")
     for tp, name, points, mean_err, max_err in store.residuals(profile):
         print(f"{tp:>3} {name:<16}{points:>7}{100 * mean_err:>11.2f}%{100 * max_err:>10.1f}%")
     print("(residuals: each measured point predicted by interpolating its two neighbours)")
+    for tp, tables in sorted(profile["tp"].items(), key=lambda item: int(item[0])):
+        print(f"tp {tp}: skewed-batch attention alpha {tables['skew_alpha']:.4f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     store.write(profile, args.out)
     print(f"wrote {args.out}")

@@ -23,7 +23,7 @@ def load_profile(path: Path | None, run: RunLog) -> dict[str, Any]:
     if path is None:
         return store.bundled(run.gpu, run.engine.model)
     if path.is_dir():
-        return store.from_source(source.read_profile(path), str(path))
+        return store.from_source(source.read_profile(path), source.origin(path))
     if path.is_file():
         return store.read(path)
     raise source.ProfileError(f"{path}: no such profile directory or file")
