@@ -262,7 +262,34 @@ class FleetSettings(_Strict):
             given["kv_cache_tokens"] = self.kv_cache_tokens
             sized = self.model_copy(update={"kv_cache_tokens": None}).kv_budget()
             defaults["kv_cache_tokens"] = sized.num_blocks * self.block_size
-        return departures(self.device_name, given, defaults)
+        return departures(self.device_name, given, defaults) + self.profile_range_notes()
+
+    def profile_range_notes(self) -> list[str]:
+        """What the engines run past their per-operator profile's measurements (extrapolated:
+        the last measured slope continues), one note each; none for the H200's closed form."""
+        if self.fitted_h200:
+            return []
+        tables = self.op_profile()["tp"].get(str(self.tensor_parallel), {})
+        measured_tokens = max(
+            (int(size) for points in tables.get("dense", {}).values() for size, _ in points),
+            default=0,
+        )
+        measured_seqs = max(
+            (int(n) for _, _, n, _, _ in tables.get("attention", [])), default=0
+        )
+        batch = self.batch()
+        notes = []
+        if batch.max_num_batched_tokens > measured_tokens:
+            notes.append(
+                f"max_num_batched_tokens {batch.max_num_batched_tokens} is past the {self.gpu} "
+                f"profile's largest measured step ({measured_tokens} tokens): extrapolated"
+            )
+        if batch.max_num_seqs > measured_seqs:
+            notes.append(
+                f"max_num_seqs {batch.max_num_seqs} is past the {self.gpu} profile's largest "
+                f"measured decode batch ({measured_seqs}): extrapolated"
+            )
+        return notes
 
     def step_timing(self) -> StepTiming:
         """The engines' timing model: fitted to the profile (plus the all-reduces of a TP > 1

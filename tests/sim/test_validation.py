@@ -11,7 +11,7 @@ import pytest
 from narwhal.cli import main
 from narwhal.sim.profiles import store
 from narwhal.sim.profiles.source import ProfileError
-from narwhal.sim.scenario import ScenarioError, parse_scenario
+from narwhal.sim.scenario import FleetSettings, ScenarioError, parse_scenario
 from narwhal.sim.validation.replay import engine_timing, replay
 from narwhal.sim.validation.runlog import prompt_segments, read_run
 from narwhal.sim.validation.validate import validate
@@ -136,6 +136,19 @@ def test_a_scenario_runs_on_a_bundled_gpu_profile_with_a_real_runs_workload():
     result = run(scenario)
     assert len(result.records) == 300
     assert all(r.status == 200 for r in result.records)
+
+
+def test_engines_run_past_their_profile_say_so():
+    fleet = {"gpu": "RTXPRO6000", "model": "meta-llama/Llama-3.1-8B", "both": 1}
+    notes = FleetSettings(**fleet).vllm_notes()  # vLLM's 1024 / 8192 on this GPU
+    assert any("8192 is past the RTXPRO6000 profile's largest measured step" in n for n in notes)
+    within = {**fleet, "max_num_seqs": 128, "max_num_batched_tokens": 2048}
+    assert FleetSettings(**within).vllm_notes() == [
+        "max_num_seqs 128 departs from vLLM's default 1024 on NVIDIA RTX PRO 6000 Blackwell "
+        "Server Edition",
+        "max_num_batched_tokens 2048 departs from vLLM's default 8192 on NVIDIA RTX PRO 6000 "
+        "Blackwell Server Edition",
+    ]
 
 
 def test_unknown_gpu_or_model_lists_what_exists():
