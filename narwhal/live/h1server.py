@@ -265,6 +265,10 @@ class EdgeConnection:
             return
         if self._open_body is None:
             self._head_bytes += len(data)
+            if not self._in_message and data[:1] in (b"\r", b"\n"):
+                # llhttp skips line breaks before a request line; h11, stricter, refuses them
+                self._refuse(400, "malformed HTTP request: a line break before the request line")
+                return
         heads = self._heads
         try:
             self._parser.feed_data(data)
@@ -359,7 +363,7 @@ class EdgeConnection:
         if self._open_body is not None:
             return  # a chunked body's trailer field: never one of the request's headers
         key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
+        text = value.decode("latin-1").rstrip(" \t")  # OWS is not the value (RFC 9112 §5)
         if key == "host":
             self._hosts.append(text)
         elif key == "transfer-encoding":

@@ -11,10 +11,11 @@ router. A request enters through the core's one entry,
 ``admission.max_body_bytes`` and ``client.body_timeout_s`` (a client that sends a head and
 never its body holds a connection, which ``client.max_connections`` bounds, never an inference
 slot): it takes an admission slot (refused: the core's 503 with Retry-After), held until it
-ends, then parses the body once within ``admission.max_json_values`` and runs the core's lifecycle in a scope that the connection's end
-cancels (:class:`narwhal.live.sink.CancelledOnDisconnect`): a client disconnect cancels the
-lifecycle, whose ``finally`` releases every reservation and abandoned handoff. When the server's
-shutdown grace period cancels it instead, the client gets the core's shutdown answer
+ends, then parses the body once within ``admission.max_json_values`` and runs the core's
+lifecycle in a scope that the connection's end cancels
+(:class:`narwhal.live.sink.CancelledOnDisconnect`): a client disconnect cancels the lifecycle,
+whose ``finally`` releases every reservation and abandoned handoff. When the server's shutdown
+grace period cancels it instead, the client gets the core's shutdown answer
 (:mod:`narwhal.core.shutdown`).
 """
 

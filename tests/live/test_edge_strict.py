@@ -160,8 +160,11 @@ def test_heads_whose_bodies_never_come_hold_no_admission_slot(
             sock.settimeout(GIVE_UP_S)  # the handler is reading its body: it asks for it
             assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue")
         for _ in range(3):
-            answer = HTTP.post(handle.url + "/v1/completions", content=BODY,
-                               headers={"content-type": "application/json"})
+            answer = HTTP.post(
+                handle.url + "/v1/completions",
+                content=BODY,
+                headers={"content-type": "application/json"},
+            )
             assert answer.status_code == 200, answer.text
         status = handle.status()
         assert status["admission"]["in_flight"] == 0 and status["admission"]["refused"] == 0
