@@ -65,9 +65,9 @@ __all__ = [
     "KNOWN_CONNECTORS",
     "DescriptorError",
     "DescriptorReason",
+    "max_block_ids",
     "parse_side_channel",
     "prefill_kv_params",
-    "max_block_ids",
     "side_channel_of",
     "validate_descriptor",
 ]

@@ -4,10 +4,10 @@ Rule kept here: client-supplied KV transfer parameters never reach an engine —
 when the request is parsed, before anything else sees it: the top-level ``kv_transfer_params``
 and ``vllm_xargs.kv_transfer_params`` (vLLM copies ``vllm_xargs`` into a request's extra
 arguments and reads the connector's parameters from there: sent on a leg that carries no
-top-level ones, a same-worker decode, it would aim the engine at any host). Bodies are built from the parsed
-request only. A request's body is never changed once parsed: the leg bodies are new top-level
-objects that share the request's values (the prompt, the messages) rather than copy them, so a
-large body is held once however many attempts and legs it takes.
+top-level ones, a same-worker decode, it would aim the engine at any host). Bodies are built
+from the parsed request only. A request's body is never changed once parsed: the leg bodies are
+new top-level objects that share the request's values (the prompt, the messages) rather than
+copy them, so a large body is held once however many attempts and legs it takes.
 
 Theory of operation: :func:`parse_client_request` checks the OpenAI shape just enough to route it
 (the engine validates the rest and its 4xx is passed through). :func:`prefill_body` makes the
