@@ -7,7 +7,11 @@ Rule kept here (``[client]`` settings, docs/live.md "Limits at the edge"):
   as well as after each response;
 - a request head not complete ``head_timeout_s`` after its first byte is answered 408 (an OpenAI
   error object) and closed; one still incomplete once more than :data:`MAX_HEAD_BYTES` of it
-  have arrived is answered 431 and closed; bytes llhttp cannot parse are answered 400 and closed;
+  have arrived is answered 431 and closed; bytes llhttp cannot parse are answered 400 and closed,
+  at once even inside a body whose handler runs (its body read fails; nothing waits for
+  ``body_timeout_s``), and a complete head :mod:`narwhal.live.h1strict` refuses (Host,
+  transfer codings, version) gets its 400, 501 or 505 and a close; a chunked body's trailer
+  fields are dropped, never merged into the request's headers;
 - a request body not complete ``body_timeout_s`` after its handler started is answered 408 and
   closed, and the handler's body read fails; when the answer has already begun (a 401 needs no
   body), the connection is just closed then;
@@ -69,7 +73,14 @@ import httptools
 
 from narwhal.core import wire
 from narwhal.core.config import ClientSettings
-from narwhal.live.h1request import BODY_HIGH_WATER, CONTINUE, EdgeRequest, Headers, Response
+from narwhal.live.h1request import (
+    BODY_HIGH_WATER,
+    CONTINUE,
+    EdgeRequest,
+    Headers,
+    Response,
+    status_line,
+)
 from narwhal.live.h1strict import HeadRefused, head_refusal
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -84,18 +95,11 @@ Handler = Callable[[EdgeRequest], Awaitable[Response | None]]
 def refusal(status: int, message: str) -> bytes:
     """A whole error answer (an OpenAI error object) that closes the connection."""
     body = wire.error_body(status, message, "invalid_request_error")
-    phrase = {
-        400: "Bad Request",
-        408: "Request Timeout",
-        431: "Request Header Fields Too Large",
-        501: "Not Implemented",
-        505: "HTTP Version Not Supported",
-    }
     head = (
-        f"HTTP/1.1 {status} {phrase.get(status, 'Error')}\r\ncontent-type: application/json\r\n"
-        f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+        f"content-type: application/json\r\nconnection: close\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
     )
-    return b"".join((head.encode(), body))
+    return b"".join((status_line(status, True), head.encode(), body))
 
 
 def _path_of(url: bytes) -> str:
@@ -320,12 +324,15 @@ class EdgeConnection:
             self._send_refusal()
 
     def _framing_error(self, message: str) -> None:
-        """Bytes llhttp cannot parse: 400 and close, at once. A request whose body they broke
-        never gets its body: queued, it is dropped (the requests before it are answered
-        first); being handled, its body read fails now and, unless its answer began, the
-        400 is its answer (nothing waits for ``body_timeout_s``)."""
+        """Bytes llhttp cannot parse: 400 and close. A request whose body they broke is dropped
+        if queued (after the answers before it); if handled, its body read fails now and the
+        400 is its answer unless that began (nothing waits for ``body_timeout_s``)."""
         body, self._open_body = self._open_body, None
         self._in_message = False
+        if body is not None and body.answered and body is not self._current:
+            self._no_more = True  # a body its answer did not need: nothing more to say
+            self.close()
+            return
         if body is None or body is not self._current:
             if body is not None and self._queue and self._queue[-1] is body:
                 self._queue.pop()

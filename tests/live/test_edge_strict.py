@@ -14,8 +14,11 @@ from collections.abc import Callable
 
 import pytest
 
+from narwhal.live.h1request import EdgeRequest, Response
+from narwhal.live.h1server import EdgeServer
 from tests.live.conftest import HTTP, Emulator, RouterHandle
 from tests.live.test_edge_timeouts import connect, read_to_close, untouched
+from tests.live.test_h1server import read_until, run, send
 
 SLOW_BODY_S = 30.0  # client.body_timeout_s: an answer within GIVE_UP_S cannot be its 408
 GIVE_UP_S = 5.0
@@ -171,3 +174,25 @@ def test_heads_whose_bodies_never_come_hold_no_admission_slot(
     finally:
         for sock in stalled:
             sock.close()
+
+
+def test_a_pipelined_request_whose_body_breaks_is_dropped_after_the_answer_before_it() -> None:
+    """Both sent in one write: the second is parsed (and queued) while the first is handled.
+    The first is answered; the broken one never reaches a handler; then the 400."""
+    seen: list[str] = []
+
+    async def handler(request: EdgeRequest) -> Response:
+        seen.append(request.path)
+        while await request.readany():
+            pass
+        return Response(200, request.path.encode())
+
+    async def client(peer: socket.socket, edge: EdgeServer) -> bytes:
+        first = b"POST /first HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nok"
+        second = b"POST /second HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"
+        await send(peer, first + second)
+        return await read_until(peer, lambda got: False)
+
+    answer = run(handler, client)
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 ") == 2
+    assert b"HTTP/1.1 400 " in answer and seen == ["/first"]
