@@ -281,7 +281,7 @@ class EdgeConnection:
         except httptools.HttpParserError as error:
             refused, self._refused = self._refused, None
             if refused is not None:
-                log.warning("Request head refused (%d): %s.", refused.status, refused.message)
+                log.debug("Request head refused (%d): %s.", refused.status, refused.message)
                 self._refuse(refused.status, refused.message)
             else:
                 self._framing_error(f"malformed HTTP request: {error}")
