@@ -243,3 +243,42 @@ def test_mutated_requests_refused_by_h11_are_refused_by_the_edge(
     edge: EchoEdge, data: bytes
 ) -> None:
     check(edge, data)
+
+
+def mostly(valid: list[bytes], invalid: list[bytes]) -> st.SearchStrategy[bytes]:
+    """One of ``valid`` about four times in five, else one of ``invalid``."""
+    choice = st.tuples(st.integers(0, 4), st.sampled_from(valid), st.sampled_from(invalid))
+    return choice.map(lambda drawn: drawn[2] if drawn[0] == 4 else drawn[1])
+
+
+@st.composite
+def generated(draw: st.DrawFn) -> bytes:
+    """A request assembled from parts, each usually valid and sometimes not."""
+    method = draw(mostly([b"GET", b"POST", b"PUT"], [b"G T", b"", b"P\x00ST"]))
+    target = draw(mostly([b"/", b"/v1/models?a=b", b"/%41", b"http://x/y"], [b"*", b"/a b"]))
+    version = draw(mostly([b"HTTP/1.1", b"HTTP/1.0"], [b"HTTP/2.0", b"HTTP/1.10", b"http/1.1"]))
+    field = st.tuples(
+        mostly([b"content-length", b"transfer-encoding", b"x-a", b"Host"], [b"x a", b"x\x01"]),
+        mostly([b": ", b":", b":\t"], [b" : "]),
+        mostly([b"x", b"5", b"chunked", b" chunked "], [b"chunked, chunked", b"gzip", b"a\x7fb"]),
+    )
+    fields = draw(st.lists(field, max_size=3))
+    if draw(st.integers(0, 4)) != 4:  # usually one Host first
+        fields.insert(0, (b"host", b": ", b"x"))
+    head = b"%s %s %s\r\n" % (method, target, version)
+    head += b"".join(name + sep + value + b"\r\n" for name, sep, value in fields)
+    body = draw(mostly([b"", b"hello", b"5\r\nhello\r\n0\r\n\r\n"], [b"5\nhello\n0\n\n"]))
+    return head + b"\r\n" + body
+
+
+@settings(
+    max_examples=300,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=generated())
+def test_generated_requests_refused_by_h11_are_refused_by_the_edge(
+    edge: EchoEdge, data: bytes
+) -> None:
+    check(edge, data)
