@@ -32,9 +32,17 @@ failing one names the :class:`DescriptorReason`:
    bootstrap address).
 5. ``MALFORMED_BLOCK_IDS``: NIXL block ids are not a list of lists of non-negative ints, nor a
    flat list of them (an empty list is valid; ``bool`` is not an int).
-6. ``SIDE_CHANNEL_MISMATCH``: the engine contract pins the producer's KV side channel
+6. ``TOO_MANY_BLOCK_IDS``: a group of NIXL block ids longer than the prompt could fill. The
+   prompt's tokens are the fewest the producer reports (the reply's ``usage.prompt_tokens``,
+   passed in, and the descriptor's own ``remote_num_tokens``); with vLLM's smallest block size,
+   one token, a prompt of ``n`` tokens plus the one token the prefill leg generates fills at
+   most ``n + 1`` blocks per KV-cache group, and :data:`BLOCK_ID_SLACK` more are allowed. A
+   producer that reports no count is not bounded here (the reply's size still is). Checked
+   before any id is read: a 3-token prompt's descriptor with 1,500,000 ids is refused in one
+   comparison, and never reaches a consumer as a 10 MB decode body.
+7. ``SIDE_CHANNEL_MISMATCH``: the engine contract pins the producer's KV side channel
    (``host:port``) and the descriptor names another one.
-7. ``NON_FINITE_NUMBER``: a number anywhere in the descriptor is NaN or infinite (``NaN``,
+8. ``NON_FINITE_NUMBER``: a number anywhere in the descriptor is NaN or infinite (``NaN``,
    ``Infinity``, ``1e400``). JSON has no such numbers, so the decode leg could not carry it;
    the parser accepts them, as ``json.loads`` does.
 
@@ -53,9 +61,11 @@ from narwhal.core.jsoncopy import json_copy
 from narwhal.core.jsonparse import non_finite_at
 
 __all__ = [
+    "BLOCK_ID_SLACK",
     "KNOWN_CONNECTORS",
     "DescriptorError",
     "DescriptorReason",
+    "max_block_ids",
     "parse_side_channel",
     "prefill_kv_params",
     "side_channel_of",
@@ -78,6 +88,8 @@ _ABSENT: Any = object()  # marks a field that is not there at all
 _NIXL_TRANSFER_MODES: frozenset[str] = frozenset({"pull", "push"})
 _MAX_PORT = 65535
 _SNIPPET_CHARS = 40
+MIN_BLOCK_SIZE = 1  # tokens: vLLM's smallest KV block (its --block-size choices start at 1)
+BLOCK_ID_SLACK = 2  # block ids per group beyond what the prompt fills (stated, not measured)
 
 
 class DescriptorReason(enum.Enum):
@@ -89,6 +101,7 @@ class DescriptorReason(enum.Enum):
     CONNECTOR_MISMATCH = "connector_mismatch"
     SIDE_CHANNEL_MISMATCH = "side_channel_mismatch"
     UNKNOWN_CONNECTOR = "unknown_connector"
+    TOO_MANY_BLOCK_IDS = "too_many_block_ids"
     NON_FINITE_NUMBER = "non_finite_number"
 
 
@@ -312,7 +325,38 @@ def _check_flat_ids(ids: list[Any], path: str) -> None:
             raise _bad_block(f"{path}[{i}]", item, "a non-negative int")
 
 
-def _check_block_ids(params: dict[str, Any], connector: str) -> None:
+def max_block_ids(prompt_tokens: int) -> int:
+    """The most block ids one KV-cache group of a ``prompt_tokens`` prompt may hold: the
+    prompt and the prefill leg's one generated token in blocks of :data:`MIN_BLOCK_SIZE`,
+    plus :data:`BLOCK_ID_SLACK`."""
+    return -(-(prompt_tokens + 1) // MIN_BLOCK_SIZE) + BLOCK_ID_SLACK
+
+
+def _prompt_bound(params: dict[str, Any], prompt_tokens: int | None) -> int | None:
+    """The fewest prompt tokens reported (the reply's count, the descriptor's), or None."""
+    counts = [] if prompt_tokens is None else [prompt_tokens]
+    own = params.get("remote_num_tokens")
+    if type(own) is int and own >= 0:
+        counts.append(own)
+    return min(counts) if counts else None
+
+
+def _check_block_count(ids: list[Any], prompt_tokens: int | None) -> None:
+    if prompt_tokens is None:
+        return
+    bound = max_block_ids(prompt_tokens)
+    groups = ids if ids and type(ids[0]) is list else [ids]
+    for g, group in enumerate(groups):
+        if type(group) is list and len(group) > bound:
+            where = "remote_block_ids" if groups is not ids else f"remote_block_ids[{g}]"
+            raise DescriptorError(
+                DescriptorReason.TOO_MANY_BLOCK_IDS,
+                f"{where} holds {len(group)} block ids; a prompt of {prompt_tokens} tokens "
+                f"fills at most {bound}",
+            )
+
+
+def _check_block_ids(params: dict[str, Any], connector: str, prompt_tokens: int | None) -> None:
     if connector != NIXL:
         return
     field = "remote_block_ids"
@@ -323,6 +367,7 @@ def _check_block_ids(params: dict[str, Any], connector: str) -> None:
         raise _bad_block(field, ids, "a list in pull mode")
     if not isinstance(ids, list):
         raise _bad_block(field, ids, "a list of int lists or a flat int list")
+    _check_block_count(ids, _prompt_bound(params, prompt_tokens))
     if _all_block_ids(ids):  # the usual case, a flat list, in one pass
         return
     if all(isinstance(group, list) for group in ids):
@@ -415,6 +460,7 @@ def validate_descriptor(
     pinned_side_channel: str | None = None,
     *,
     detach: bool = True,
+    prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Check the producer's ``kv_transfer_params`` for the decode leg of ``connector``.
 
@@ -424,7 +470,9 @@ def validate_descriptor(
     (``localhost`` is not ``127.0.0.1``). A pinned value that does not parse is a configuration
     error and raises a plain ``ValueError``. ``detach=False`` returns ``params`` itself, for a
     value the caller has just parsed and holds nowhere else (a prefill reply's): a copy of a
-    long prompt's block ids costs about as much as checking them.
+    long prompt's block ids costs about as much as checking them. ``prompt_tokens``: the
+    prompt's length as the producer's reply reports it (``usage.prompt_tokens``), which bounds
+    the block ids with the descriptor's own ``remote_num_tokens``.
     """
     if not isinstance(params, dict):
         raise DescriptorError(
@@ -434,7 +482,7 @@ def validate_descriptor(
     _require_known(connector)
     _check_shape(params, connector)
     _check_identity(params, connector)
-    _check_block_ids(params, connector)
+    _check_block_ids(params, connector, prompt_tokens)
     if pinned_side_channel is not None:
         _check_side_channel(params, connector, pinned_side_channel)
     _check_finite(params)

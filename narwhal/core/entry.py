@@ -11,8 +11,9 @@ Theory of operation: :func:`admit_and_serve` takes the slot (or refuses), then r
 driver's ``serve`` and releases the slot in ``finally``. What ``serve`` is differs only in what
 a driver has to do before the lifecycle: the simulator's request is whole on arrival
 (:func:`serve_admitted` runs :func:`~narwhal.core.lifecycle.serve_request`); the live router
-admits at request entry, so a slot also covers the time and memory of reading and parsing the
-body, and its ``serve`` reads and parses the body, then runs the lifecycle.
+admits once the request's whole body has arrived (a client that never sends its body must not
+hold a slot), so a slot covers parsing the body, and its ``serve`` parses it, then runs the
+lifecycle.
 
 Why 503 and not 429: the bound is the router's capacity, not something one client did (429 is
 "the user has sent too many requests", RFC 6585); 503 is "temporarily overloaded" (RFC 9110,

@@ -134,9 +134,14 @@ def read_prefill_reply(
             engine=producer,
             phase="prefill",
         )
+    prompt_tokens = prompt_tokens_of(payload)
     try:
         descriptor = validate_descriptor(  # the reply was parsed here, for this leg alone
-            payload.get("kv_transfer_params"), connector, pinned_side_channel, detach=False
+            payload.get("kv_transfer_params"),
+            connector,
+            pinned_side_channel,
+            detach=False,
+            prompt_tokens=prompt_tokens,
         )
     except DescriptorError as error:
         return fault(
@@ -145,7 +150,7 @@ def read_prefill_reply(
             engine=producer,
             phase="prefill",
         )
-    return descriptor, prompt_tokens_of(payload)
+    return descriptor, prompt_tokens
 
 
 class PrefillOutcome:

@@ -1,10 +1,13 @@
 """Client requests and the two engine legs built from them.
 
-Rule kept here: client-supplied ``kv_transfer_params`` never reach an engine — they are dropped
-when the request is parsed, before anything else sees it. Bodies are built from the parsed
-request only. A request's body is never changed once parsed: the leg bodies are new top-level
-objects that share the request's values (the prompt, the messages) rather than copy them, so a
-large body is held once however many attempts and legs it takes.
+Rule kept here: client-supplied KV transfer parameters never reach an engine — they are dropped
+when the request is parsed, before anything else sees it: the top-level ``kv_transfer_params``
+and ``vllm_xargs.kv_transfer_params`` (vLLM copies ``vllm_xargs`` into a request's extra
+arguments and reads the connector's parameters from there: sent on a leg that carries no
+top-level ones, a same-worker decode, it would aim the engine at any host). Bodies are built
+from the parsed request only. A request's body is never changed once parsed: the leg bodies are
+new top-level objects that share the request's values (the prompt, the messages) rather than
+copy them, so a large body is held once however many attempts and legs it takes.
 
 Theory of operation: :func:`parse_client_request` checks the OpenAI shape just enough to route it
 (the engine validates the rest and its 4xx is passed through). :func:`prefill_body` makes the
@@ -26,6 +29,7 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 ENDPOINTS = (COMPLETIONS, CHAT)
 
+KV_PARAMS = "kv_transfer_params"
 _PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
 
 
@@ -34,7 +38,8 @@ class BadRequest(ValueError):
 
 
 class ClientRequest:
-    """A parsed, sanitised client request. ``body`` never holds ``kv_transfer_params``."""
+    """A parsed, sanitised client request. ``body`` never holds ``kv_transfer_params``, at its
+    top level or in ``vllm_xargs``."""
 
     __slots__ = ("arrival", "body", "endpoint", "request_id")
 
@@ -101,7 +106,10 @@ def parse_client_request(
     where = non_finite_at(body)
     if where is not None:  # no engine body can carry one: refused up front
         raise BadRequest(f"'{where}' must be a finite number (JSON has no NaN or Infinity)")
-    clean = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+    clean = {k: v for k, v in body.items() if k != KV_PARAMS}
+    xargs = clean.get("vllm_xargs")
+    if isinstance(xargs, dict) and KV_PARAMS in xargs:  # a new dict: the body is not changed
+        clean["vllm_xargs"] = {k: v for k, v in xargs.items() if k != KV_PARAMS}
     if detach:
         clean = json_copy(clean)
     return ClientRequest(request_id=request_id, endpoint=endpoint, body=clean, arrival=arrival)

@@ -48,13 +48,14 @@ from narwhal.core.passthrough import DETOKENIZE, TOKENIZE, PassThrough
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports, Reply
 from narwhal.core.probe import maintenance_loop
-from narwhal.core.records import DecisionLog
+from narwhal.core.records import Decision, DecisionLog
 from narwhal.core.requests import (
     CHAT,
     COMPLETIONS,
 )
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock
+from narwhal.live.engine_log import EngineEventLog
 from narwhal.live.gate import HostGate
 from narwhal.live.h1request import EdgeRequest, Response
 from narwhal.live.h1server import Handler
@@ -75,6 +76,11 @@ CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+=/-]{1,128}")
 DECISIONS_KEPT = 10_000  # the decision log a router holds in memory (it runs for weeks)
 
 log = logging.getLogger("narwhal.live")
+
+
+def _warn_line(line: bytes) -> None:
+    """A JSON log line, as a warning on ``narwhal.live`` (a router given no JSON log)."""
+    log.warning("%s", line.decode().rstrip("\n"))
 
 
 def json_response(
@@ -112,8 +118,16 @@ class Router:
         self.reporter = RequestReporter(
             self.metrics, self.clock, ModelLabels(pinned), self.tracing, request_log
         )
+        # engine health in the JSON log (without one, an embedder's: the warnings on stderr)
+        self.engine_log = EngineEventLog(request_log or _warn_line, self.clock)
         metrics_hook = self.metrics.on_decision
-        on_decision = metrics_hook if self.tracing is None else self.tracing.observing(metrics_hook)
+        engine_log = self.engine_log
+
+        def observed(decision: Decision) -> None:
+            metrics_hook(decision)
+            engine_log(decision)
+
+        on_decision = observed if self.tracing is None else self.tracing.observing(observed)
         decisions = DecisionLog(on_decision=on_decision, keep=DECISIONS_KEPT)
         self.policies = Policies(
             config, seed=seed, log=decisions, on_record=self.reporter.on_record
@@ -132,6 +146,7 @@ class Router:
             )
         )
         self.metrics.attach(self.policies, self.clock)
+        self.engine_log.attach(self.policies)
         self.metrics.attach_stalls(self.stalls)
         self._api_key = api_key or None
         self._tick_s = tick_s

@@ -7,7 +7,11 @@ Rule kept here (``[client]`` settings, docs/live.md "Limits at the edge"):
   as well as after each response;
 - a request head not complete ``head_timeout_s`` after its first byte is answered 408 (an OpenAI
   error object) and closed; one still incomplete once more than :data:`MAX_HEAD_BYTES` of it
-  have arrived is answered 431 and closed; bytes llhttp cannot parse are answered 400 and closed;
+  have arrived is answered 431 and closed; bytes llhttp cannot parse are answered 400 and closed,
+  at once even inside a body whose handler runs (its body read fails; nothing waits for
+  ``body_timeout_s``), and a complete head :mod:`narwhal.live.h1strict` refuses (Host,
+  transfer codings, version) gets its 400, 501 or 505 and a close; a chunked body's trailer
+  fields are dropped, never merged into the request's headers;
 - a request body not complete ``body_timeout_s`` after its handler started is answered 408 and
   closed, and the handler's body read fails; when the answer has already begun (a 401 needs no
   body), the connection is just closed then;
@@ -69,7 +73,15 @@ import httptools
 
 from narwhal.core import wire
 from narwhal.core.config import ClientSettings
-from narwhal.live.h1request import BODY_HIGH_WATER, CONTINUE, EdgeRequest, Headers, Response
+from narwhal.live.h1request import (
+    BODY_HIGH_WATER,
+    CONTINUE,
+    EdgeRequest,
+    Headers,
+    Response,
+    status_line,
+)
+from narwhal.live.h1strict import HeadRefused, head_refusal
 
 MAX_HEAD_BYTES = 64 * 1024
 GONE_PROBE_FIRST_S = 0.05  # after the probe written at the EOF itself
@@ -83,12 +95,11 @@ Handler = Callable[[EdgeRequest], Awaitable[Response | None]]
 def refusal(status: int, message: str) -> bytes:
     """A whole error answer (an OpenAI error object) that closes the connection."""
     body = wire.error_body(status, message, "invalid_request_error")
-    phrase = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
     head = (
-        f"HTTP/1.1 {status} {phrase.get(status, 'Error')}\r\ncontent-type: application/json\r\n"
-        f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+        f"content-type: application/json\r\nconnection: close\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
     )
-    return b"".join((head.encode(), body))
+    return b"".join((status_line(status, True), head.encode(), body))
 
 
 def _path_of(url: bytes) -> str:
@@ -113,6 +124,9 @@ class EdgeConnection:
         self._parser = httptools.HttpRequestParser(self)
         self._url: list[bytes] = []
         self._fields: dict[str, str] = {}
+        self._hosts: list[str] = []  # the head's Host values (h1strict.py checks them)
+        self._codings: list[str] = []  # the head's Transfer-Encoding values
+        self._refused: HeadRefused | None = None  # the head just refused, raised out of llhttp
         self._in_message = False  # llhttp is inside a request (its head or its body)
         self._open_body: EdgeRequest | None = None  # the request whose body is arriving
         self._heads = 0  # heads completed (a read that completes one restarts the count)
@@ -255,13 +269,22 @@ class EdgeConnection:
             return
         if self._open_body is None:
             self._head_bytes += len(data)
+            if not self._in_message and data[:1] in (b"\r", b"\n"):
+                # llhttp skips line breaks before a request line; h11, stricter, refuses them
+                self._refuse(400, "malformed HTTP request: a line break before the request line")
+                return
         heads = self._heads
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._no_more = True  # no protocol switch here: answer what was parsed, then close
         except httptools.HttpParserError as error:
-            self._refuse(400, f"malformed HTTP request: {error}")
+            refused, self._refused = self._refused, None
+            if refused is not None:
+                log.debug("Request head refused (%d): %s.", refused.status, refused.message)
+                self._refuse(refused.status, refused.message)
+            else:
+                self._framing_error(f"malformed HTTP request: {error}")
             return
         if self._heads != heads:
             self._head_bytes = 0
@@ -300,6 +323,30 @@ class EdgeConnection:
         if self._current is None:
             self._send_refusal()
 
+    def _framing_error(self, message: str) -> None:
+        """Bytes llhttp cannot parse: 400 and close. A request whose body they broke is dropped
+        if queued (after the answers before it); if handled, its body read fails now and the
+        400 is its answer unless that began (nothing waits for ``body_timeout_s``)."""
+        body, self._open_body = self._open_body, None
+        self._in_message = False
+        if body is not None and body.answered and body is not self._current:
+            self._no_more = True  # a body its answer did not need: nothing more to say
+            self.close()
+            return
+        if body is None or body is not self._current:
+            if body is not None and self._queue and self._queue[-1] is body:
+                self._queue.pop()
+            self._refuse(400, message)
+            return
+        self._no_more = True
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        if not body.began:
+            body.began = True  # the refusal is the answer: the handler writes nothing more
+            self.write_raw(refusal(400, message))
+        self.close()  # the handler's body read fails
+
     def _send_refusal(self) -> None:
         answer, self._refusal = self._refusal, None
         if answer is not None:
@@ -312,13 +359,23 @@ class EdgeConnection:
         self._in_message = True
         self._url = []
         self._fields = {}
+        self._hosts = []
+        self._codings = []
         self._idle_since = None  # a request begins: no longer idle
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._fields.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+        if self._open_body is not None:
+            return  # a chunked body's trailer field: never one of the request's headers
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1").rstrip(" \t")  # OWS is not the value (RFC 9112 §5)
+        if key == "host":
+            self._hosts.append(text)
+        elif key == "transfer-encoding":
+            self._codings.append(text)
+        self._fields.setdefault(key, text)
 
     def on_headers_complete(self) -> None:
         self._heads += 1
@@ -326,13 +383,18 @@ class EdgeConnection:
             self._head_timer.cancel()
             self._head_timer = None
         parser = self._parser
-        version = parser.get_http_version()
+        text = parser.get_http_version()
+        version = (1, 1) if text == "1.1" else (int(text[0]), int(text[-1]))
+        refused = head_refusal(version, self._hosts, self._codings)
+        if refused is not None:
+            self._refused = refused
+            raise refused  # llhttp stops here: nothing after this head is parsed
         url = self._url[0] if len(self._url) == 1 else b"".join(self._url)
         request = EdgeRequest(
             self,
             parser.get_method().decode("latin-1"),
             _path_of(url),
-            (1, 1) if version == "1.1" else (int(version[0]), int(version[-1])),
+            version,
             Headers(self._fields),
             parser.should_keep_alive(),
         )

@@ -7,12 +7,15 @@ core's parser refuses), and every other answer is the core's.
 
 Theory of operation: an :class:`Inference` serves one route (completions or chat) for its
 router. A request enters through the core's one entry,
-:func:`narwhal.core.entry.admit_and_serve`: it takes an admission slot (refused: the core's 503
-with Retry-After), held until it ends, then reads and parses its body once within
-``[admission]``'s bounds, and runs the core's lifecycle in a scope that the connection's end
-cancels (:class:`narwhal.live.sink.CancelledOnDisconnect`): a client disconnect cancels the
-lifecycle, whose ``finally`` releases every reservation and abandoned handoff. When the server's
-shutdown grace period cancels it instead, the client gets the core's shutdown answer
+:func:`narwhal.core.entry.admit_and_serve`, once its whole body has arrived within
+``admission.max_body_bytes`` and ``client.body_timeout_s`` (a client that sends a head and
+never its body holds a connection, which ``client.max_connections`` bounds, never an inference
+slot): it takes an admission slot (refused: the core's 503 with Retry-After), held until it
+ends, then parses the body once within ``admission.max_json_values`` and runs the core's
+lifecycle in a scope that the connection's end cancels
+(:class:`narwhal.live.sink.CancelledOnDisconnect`): a client disconnect cancels the lifecycle,
+whose ``finally`` releases every reservation and abandoned handoff. When the server's shutdown
+grace period cancels it instead, the client gets the core's shutdown answer
 (:mod:`narwhal.core.shutdown`).
 """
 
@@ -103,10 +106,15 @@ class Inference:
             sink.done()
             return None
 
-        async def serve() -> RequestRecord | None:  # admitted: before the body is read
+        raw = await self._read_body(request, sink)  # whole before a slot is taken
+        if raw is None:
+            sink.done()
+            return None
+
+        async def serve() -> RequestRecord | None:  # admitted: the body is whole
             served = router.reporter.begin(request_id, self.endpoint, headers, sink)
             try:
-                parsed = await self._read_request(request, sink, request_id, arrival)
+                parsed = await self._parse_request(raw, sink, request_id, arrival)
                 if parsed is not None:
                     await self._serve(parsed, request, sink, served)
             finally:
@@ -117,16 +125,13 @@ class Inference:
         sink.done()
         return None
 
-    async def _read_request(
-        self, request: EdgeRequest, sink: ResponseSink, request_id: str, arrival: float
+    async def _parse_request(
+        self, raw: bytes, sink: ResponseSink, request_id: str, arrival: float
     ) -> ClientRequest | None:
-        """The client's request, or None once it has been answered (413, 400) or left.
+        """The client's request, or None once it has been answered (413, 400).
 
-        The body is parsed once and handed to the core as it is (no copy); the raw bytes and
-        the parsed top level are dropped when this returns."""
-        raw = await self._read_body(request, sink)
-        if raw is None:
-            return None
+        The body is parsed once and handed to the core as it is (no copy); the parsed top
+        level is dropped when this returns."""
         admission = self.router.config.admission
         try:
             body = parse_body(raw, admission.max_json_values)

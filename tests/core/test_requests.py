@@ -120,7 +120,12 @@ def test_any_body_is_parsed_or_refused_and_never_carries_client_kv_params(
     except BadRequest:
         return
     assert "kv_transfer_params" not in request.body
-    assert request.body == {k: v for k, v in body.items() if k != "kv_transfer_params"}
+    assert "kv_transfer_params" not in (request.body.get("vllm_xargs") or {})
+    expected = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+    if isinstance(expected.get("vllm_xargs"), dict):
+        xargs = expected["vllm_xargs"]
+        expected["vllm_xargs"] = {k: v for k, v in xargs.items() if k != "kv_transfer_params"}
+    assert request.body == expected
     ours = {"do_remote_decode": True}
     assert prefill_body(request, ours)["kv_transfer_params"] == ours
     assert "kv_transfer_params" not in decode_body(request, None)
@@ -150,3 +155,25 @@ def test_the_first_non_finite_number_is_named_by_its_path() -> None:
     body = {"prompt": "x", "a": [0.5, {"b": [1, 2.5, float("nan")]}], "c": float("inf")}
     with pytest.raises(BadRequest, match=r"^'a\[1\]\.b\[2\]' must be a finite number"):
         parse(body)
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_kv_transfer_params_in_vllm_xargs_never_reach_a_leg(detach: bool) -> None:
+    """vLLM copies ``vllm_xargs`` into a request's extra arguments, where its connector reads
+    ``kv_transfer_params``: the client's are dropped there too, the other extra arguments kept,
+    and the client's body left as it was."""
+    evil = {"do_remote_prefill": True, "remote_host": "evil.example", "remote_port": 5600}
+    xargs = {"kv_transfer_params": evil, "my_extension": 3}
+    body = {"prompt": "hi", "max_tokens": 2, "vllm_xargs": xargs, "kv_transfer_params": evil}
+    request = parse_client_request(COMPLETIONS, body, request_id="r", arrival=0.0, detach=detach)
+    ours = {"do_remote_decode": True}
+    legs = [
+        prefill_body(request, ours),
+        decode_body(request, None),  # same worker: no top-level parameters to override them
+        decode_body(request, {"do_remote_prefill": True}),
+    ]
+    for leg in legs:
+        assert leg["vllm_xargs"] == {"my_extension": 3}
+        assert "evil.example" not in repr(leg)
+    assert body["vllm_xargs"] is xargs and xargs["kv_transfer_params"] is evil  # untouched
+    assert "vllm_xargs" not in parse({"prompt": "hi"}).body  # nothing added when absent

@@ -66,10 +66,14 @@ class RouterHandle:
     url: str
     request_lines: list[bytes] = field(default_factory=list)  # the request log, as written
 
-    def logged_requests(self) -> list[dict[str, Any]]:
-        """The request log's lines so far, each one JSON object ending in a newline."""
+    def logged(self) -> list[dict[str, Any]]:
+        """The JSON log's lines so far, each one JSON object ending in a newline."""
         assert all(line.endswith(b"\n") and line.count(b"\n") == 1 for line in self.request_lines)
         return [json.loads(line) for line in self.request_lines]
+
+    def logged_requests(self) -> list[dict[str, Any]]:
+        """The request lines of the JSON log (not its engine-health lines)."""
+        return [line for line in self.logged() if line["event"] == "request"]
 
     def client(self, **kwargs: Any) -> openai.OpenAI:
         kwargs.setdefault("api_key", "unused")

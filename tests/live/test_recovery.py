@@ -101,6 +101,18 @@ def test_ejection_then_probe_readmission(
     assert metric_value(metrics, "narwhal_probes_total", engine=consumer.url, outcome="passed") == 1
     assert ask(handle) == expected()
     assert handle.engine(consumer.url)["failure_streak"] == 0
+    # ...and an operator reading the JSON log saw each step, one line each
+    health = [line for line in handle.logged() if line["event"].startswith("engine_")]
+    kinds = [line["event"] for line in health]
+    assert kinds[0] == "engine_ejected" and kinds[-1] == "engine_readmitted"
+    assert kinds.count("engine_ejected") == 1 and kinds.count("engine_readmitted") == 1
+    assert "engine_probe_failed" in kinds  # the first one (later ones within 10 s left out)
+    ejected, readmitted = health[0], health[-1]
+    assert ejected["engine"] == consumer.url and ejected["streak"] == 2
+    assert ejected["reason"] == "breaker"
+    assert ejected["time"] <= ejected["next_probe_at"] <= ejected["time"] + 1.0
+    assert abs(ejected["time"] - time.time()) < 30
+    assert readmitted["engine"] == consumer.url and readmitted["via"] == "probe"
 
 
 def test_quarantine_is_visible(
@@ -125,6 +137,9 @@ def test_quarantine_is_visible(
     assert quarantined[0]["failure_streak"] == 1
     assert 1.0 < quarantined[0]["quarantined_until"] - time.time() <= 2.0
     assert metric_value(handle.metrics(), "narwhal_quarantines_total") == 1
+    (logged,) = [line for line in handle.logged() if line["event"] == "engine_quarantined"]
+    assert logged["engine"] == quarantined[0]["url"]
+    assert logged["until"] == pytest.approx(quarantined[0]["quarantined_until"], abs=0.01)
     metrics = handle.metrics()
     assert (
         metric_value(
