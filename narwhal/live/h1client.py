@@ -262,7 +262,10 @@ class H1Connection:
             self._until_eof = False
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if status < 200:  # 1xx: not a final response (the router never asks for one)
+            raise EngineProtocolError(f"an informational response ({status})")
+        self.status = status
         self.keep_alive = self._parser.should_keep_alive()
         if self.status in (204, 304):
             self._until_eof = False
