@@ -96,7 +96,7 @@ HOSTILE = [
     b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok!",
     b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\nok",
     b"HTTP/1.1 200 OK\r\ncontent-length: 2x\r\n\r\nok",
-    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 2\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+    CHUNKED.replace(b"\r\n\r\n", b"\r\ncontent-length: 2\r\n\r\n", 1),  # both framings
     b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nffffffffffffffff1\r\nok\r\n0\r\n\r\n",
     b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok",  # no last chunk
     b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nz\r\nok\r\n0\r\n\r\n",
