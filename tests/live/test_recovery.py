@@ -50,6 +50,8 @@ def test_a_lone_consumer_healthy_again_serves_in_panic_before_its_probe(
     assert ask(handle) == expected()
     assert handle.engine(consumer.url)["state"] in ("ejected", "probing")  # still its probe's
     assert metric_value(handle.metrics(), "narwhal_panics_total", phase="decode") == 1
+    panics = [line for line in handle.logged() if line.get("event") == "role_panic"]
+    assert [(p["phase"], p["in_service"], p["engines"]) for p in panics] == [("decode", 0, 1)]
 
 
 def test_ejection_then_probe_readmission(
