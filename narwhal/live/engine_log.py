@@ -1,5 +1,6 @@
 """The operator's log of engine health: one JSON line per ejection, readmission, quarantine,
-failed probe, and a role's entering or leaving panic, in the router's JSON log (stdout for ``narwhal serve``, beside the request lines).
+failed probe, and a role's entering or leaving panic, in the router's JSON log (stdout for
+``narwhal serve``, beside the request lines).
 
 Rule kept here: every line is a decision the core already made (the breaker's ``eject``,
 ``readmit``, ``quarantine`` and ``probe_result`` entries of the decision log), written as it is
@@ -15,9 +16,10 @@ counters and ``/status`` said this before.
 Theory of operation: :class:`EngineEventLog` is called with each :class:`Decision` (the router
 chains it after the metrics' hook); a kind it does not log returns at once. A line is
 ``{"event": "engine_ejected" | "engine_readmitted" | "engine_quarantined" |
-"engine_probe_failed" | "role_panic" | "role_panic_end", "time": <epoch s>, "engine": url, ...}``
-(a panic line's ``engine`` is empty; its ``phase``, ``in_service`` and ``engines`` say which
-role and how much of it was in service; entering and leaving are each logged once, by the core) with the decision's own details
+"engine_probe_failed" | "role_panic" | "role_panic_end", "time": <epoch s>, "engine": url,
+...}`` (a panic line's ``engine`` is empty; its ``phase``, ``in_service`` and ``engines`` say
+which role and how much of it was in service; the core logs entering and leaving once each)
+with the decision's own details
 (``reason`` and ``streak`` of an ejection, ``via`` of a readmission, ``until`` of a quarantine,
 ``outcome`` of a probe) and, for an ejection, ``next_probe_at``, read from the breaker once
 :meth:`~EngineEventLog.attach` has given it the router's policies.
