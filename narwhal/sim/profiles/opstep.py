@@ -7,8 +7,8 @@ and sampler on one row per scheduled sequence (vLLM computes logits only at each
 scheduled token). Each operator's time is read from its measured table (:mod:`.tables`).
 CUDA graphs, as vLLM's default ``FULL_AND_PIECEWISE`` mode runs them: a step of at most the
 largest capture size runs padded to the next capture size, so its token-wise operators cost
-what the padded batch costs; a decode-only step runs its attention inside the graph too, on the
-padded number of sequences. Decodes of unequal contexts cost more attention than as many of
+what the padded batch costs; attention is priced at the real sequences (a padded slot holds no
+KV, so it adds no attention work). Decodes of unequal contexts cost more attention than as many of
 their mean context (the varlen kernel's tiles and SM imbalance): the profile measures how much,
 as the share ``alpha`` of the way from the mean-context time to the longest-context time
 (:func:`pooled_skew_alpha`), and a step adds that share. Nothing here is fitted to a run: every
@@ -135,16 +135,15 @@ class OperatorStepTiming:
         run = self.padded(tokens)
         ops = self.ops
         seconds = self.layers * ops.per_layer.at(run) + ops.per_step.at(run)
-        attn_decodes = run if prefill_tokens == 0 and run > tokens else decodes
         mean_ctx = decode_context / decodes if decodes else 0.0
         if prefill_tokens:
             cached = max(0.0, prefill_pairs / prefill_tokens - prefill_tokens / 2)
         else:
             cached = 0.0
         attention = self.attention
-        per_layer = attention.at(prefill_tokens, cached, attn_decodes, mean_ctx)
+        per_layer = attention.at(prefill_tokens, cached, decodes, mean_ctx)
         if self.skew_alpha and longest_context > mean_ctx:
-            longest = attention.at(prefill_tokens, cached, attn_decodes, longest_context)
+            longest = attention.at(prefill_tokens, cached, decodes, longest_context)
             if longest > per_layer:
                 per_layer += self.skew_alpha * (longest - per_layer)
         seconds += self.layers * per_layer
