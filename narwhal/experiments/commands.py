@@ -141,4 +141,13 @@ def _sweep(args: argparse.Namespace) -> int:
     )
     for path in written:
         print(f"  {path}")
+    _print_recommendation(out)
     return 0
+
+
+def _print_recommendation(out: Path) -> None:
+    """The recommendation's verdict, as written to ``recommendation.json``."""
+    import json
+
+    advice = json.loads((out / "recommendation.json").read_text("utf-8"))
+    print(f"recommendation: {advice['reason']}")
