@@ -47,8 +47,6 @@ class Options(BaseModel):
 class TuningOptions(Options):
     x: str = "recovery.eject_after"
     y: str = "recovery.failure_quarantine_s"
-    goodput_tolerance_pct: float = Field(5.0, ge=0, le=100)
-    success_tolerance_pp: float = Field(0.25, ge=0)
 
 
 class RetriesOptions(Options):

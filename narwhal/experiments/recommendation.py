@@ -21,17 +21,25 @@ Welch's interval. The primary metric is ``[tuning] primary``, else goodput (with
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from narwhal.experiments.aggregate import SweepResult, mean_curve
 from narwhal.experiments.plan import Plan
 from narwhal.experiments.spec_model import RANKABLE
-from narwhal.experiments.stats import Decision, Interval, Metric, decide
+from narwhal.experiments.stats import (
+    Decision,
+    Interval,
+    Metric,
+    decide,
+    paired_interval,
+    welch_interval,
+)
 from narwhal.sim.results import goodput
 from narwhal.sim.scenario import ROUTER_KEYS, ScenarioError, parse_scenario
 
 GUARDS = ("success_pct", "first_byte_p99_s")
+SHOWN = ("slo_attainment_pct", "goodput_rps")  # also compared for the figures, not decided on
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,7 @@ class Recommendation:
     metrics: tuple[Metric, ...]
     reason: str
     paired: bool
+    values: list[dict[str, list[Any]]] = field(default_factory=list)  # per point, per metric
 
     @property
     def recommended_point(self) -> int | None:
@@ -52,12 +61,20 @@ class Recommendation:
     def difference(self, point: int, metric: str) -> Interval | None:
         """The interval of ``point`` minus the baseline on ``metric`` (None for the baseline
         itself, or when there was no comparison)."""
-        if self.decision is None:
+        decision = self.decision
+        if decision is None or self.baseline_point is None or point == self.baseline_point:
             return None
-        for comparison in self.decision.comparisons:
-            if comparison.cell == point:
-                return comparison.intervals.get(metric)
-        return None
+        for comparison in decision.comparisons:
+            if comparison.cell == point and metric in comparison.intervals:
+                return comparison.intervals[metric]
+        if point >= len(self.values) or metric not in self.values[point]:
+            return None
+        interval = paired_interval if self.paired else welch_interval
+        return interval(
+            self.values[point][metric],
+            self.values[self.baseline_point][metric],
+            decision.per_cell_confidence,
+        )
 
 
 def primary_metric(plan: Plan) -> str:
@@ -171,15 +188,22 @@ def recommend(result: SweepResult) -> Recommendation:
         )
     base_point = matching[0]
     labels = [p.label() for p in plan.points]
+    names = {m.name for m in metrics}
+    shown = [
+        Metric(name, RANKABLE[name])
+        for name in SHOWN
+        if name not in names and (name != "goodput_rps" or plan.spec.goodput is not None)
+    ]
+    values = per_replicate(result, (*metrics, *shown))
     decision = decide(
-        per_replicate(result, metrics),
+        values,
         base_point,
         metrics,
         labels=labels,
         confidence=plan.spec.tuning.confidence,
         paired=paired,
     )
-    return Recommendation(decision, baseline, base_point, metrics, decision.reason, paired)
+    return Recommendation(decision, baseline, base_point, metrics, decision.reason, paired, values)
 
 
 def _number(value: float) -> float | None:
