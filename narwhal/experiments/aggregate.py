@@ -184,6 +184,25 @@ def point_rows(plan: Plan, runs: list[dict[str, Any]]) -> tuple[list[str], list[
     return fields, rows
 
 
+def unrun_faults(result: SweepResult) -> list[tuple[int, dict[str, Any], int, int]]:
+    """Scheduled faults (``at_s``) that some runs ended before: (index in ``[[faults]]``, the
+    fault, runs that missed it, runs of that scenario). A run whose simulated time ended at or
+    before ``at_s`` never had the fault; a figure must not list it as if it happened."""
+    missed: dict[int, list[int]] = {}
+    faults: dict[int, dict[str, Any]] = {}
+    for task, outcome in zip(result.plan.tasks, result.outcomes, strict=True):
+        end = outcome.metrics.get("sim_time_s")
+        for index, fault in enumerate(task.scenario.get("faults", [])):
+            if "at_s" not in fault or end is None:
+                continue
+            faults.setdefault(index, fault)
+            tally = missed.setdefault(index, [0, 0])
+            tally[1] += 1
+            if float(fault["at_s"]) >= float(end):
+                tally[0] += 1
+    return [(i, faults[i], n, total) for i, (n, total) in sorted(missed.items()) if n]
+
+
 def _cell(value: Any) -> Any:
     if value is None:
         return ""

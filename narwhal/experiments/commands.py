@@ -132,6 +132,15 @@ def _sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
+    from narwhal.experiments.aggregate import unrun_faults
+
+    for index, fault, missed, total in unrun_faults(result):
+        print(
+            f"narwhal sweep: warning: faults[{index}] ({fault.get('kind')} at "
+            f"{fault['at_s']:g} s) never happened in {missed} of {total} runs: they ended "
+            "first (the figures say so)",
+            file=sys.stderr,
+        )
     written = write_sweep(result, out)
     finish(out)
     wall = time.perf_counter() - started
