@@ -29,7 +29,9 @@ RECIPE_FILES = {
 }
 FIGURE_COLUMNS = {
     "tuning": {"recovery.eject_after", "recovery.failure_quarantine_s", "success_pct",
-               "first_byte_p99_s", "goodput_rps", "recommended"},
+               "first_byte_p99_s", "goodput_rps", "recommended", "baseline",
+               "goodput_rps_vs_baseline", "goodput_rps_vs_baseline_low",
+               "goodput_rps_vs_baseline_high", "success_pct_ci_low", "success_pct_ci_high"},
     "retries_cdf": {"setting", "fraction_of_requests", "first_byte_s"},
     "retries_errors": {"setting", "error_class", "requests_pct"},
     "capacity": {"fleet_size", "pd_ratio", "prefill", "decode", "offered_rps",
@@ -90,10 +92,17 @@ def test_quick_recipe_writes_csv_and_png(name: str, quick_sweeps: Callable[[str]
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         rows = _read(out / f"{stem}.csv")
         assert rows and FIGURE_COLUMNS[stem] <= set(rows[0])
-    if name == "tuning":  # one cell recommended, none where every cell measured the same
+    advice = json.loads((out / "recommendation.json").read_text("utf-8"))
+    assert {"recommended", "baseline", "confidence", "replicates", "reason"} <= set(advice)
+    assert advice["replicates"] == spec.sweep.replicates
+    if name == "tuning":  # the boxed cell is recommendation.json's, the baseline is marked
         cells = _read(out / "tuning.csv")
-        alike = len({(c["success_pct"], c["first_byte_p99_s"], c["goodput_rps"]) for c in cells})
-        assert sum(c["recommended"] == "True" for c in cells) == (0 if alike == 1 else 1)
+        boxed = [c for c in cells if c["recommended"] == "True"]
+        assert len(boxed) == (0 if advice["recommended"] is None else 1)
+        assert advice["baseline"] == {
+            "recovery.eject_after": 3, "recovery.failure_quarantine_s": 0.0
+        }  # fmt: skip
+        assert [c["baseline"] for c in cells].count("True") == 1
     if name == "diffuse":  # one setting recommended, one the default: a row per case each
         rows = _read(out / "diffuse.csv")
         assert sum(r["recommended"] == "True" for r in rows) == len(spec.cases)
@@ -122,7 +131,7 @@ def test_processes_give_the_same_results_as_in_process(tiny_spec: Path, tmp_path
     pool = run_sweep(spec, workers=2)
     assert [o.metrics for o in here.outcomes] == [o.metrics for o in pool.outcomes]
     assert here.runs == pool.runs and here.points == pool.points
-    assert len({r["seed"] for r in here.runs}) == 8  # 4 points x 2 replicates, by point
+    assert len({r["seed"] for r in here.runs}) == 2  # seeds by replicate (the default)
     assert _files(here, tmp_path / "a") == _files(pool, tmp_path / "b")  # PNG bytes too
     other = run_sweep(spec, workers=0, seed=8)
     assert other.runs != here.runs
