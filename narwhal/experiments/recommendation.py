@@ -225,7 +225,10 @@ def as_json(result: SweepResult, recommendation: Recommendation) -> dict[str, An
     cells = []
     if decision is not None:
         for comparison in decision.comparisons:
-            entry: dict[str, Any] = {"point": comparison.cell, **plan.points[comparison.cell].params}
+            entry: dict[str, Any] = {
+                "point": comparison.cell,
+                **plan.points[comparison.cell].params,
+            }
             for name, interval in comparison.intervals.items():
                 entry[name] = {
                     "difference": _number(interval.mean),

@@ -96,11 +96,12 @@ def _check_tuning(spec: SweepSpec, problems: list[str]) -> None:
             problems.append(f"  tuning.baseline.{key}: not an axis of [grid]")
         elif not any(value == v for v in spec.grid[key]):
             problems.append(f"  tuning.baseline.{key}: {value!r} is not one of the axis' values")
-        elif spec.quick is not None and key in spec.quick.grid:
-            if not any(value == v for v in spec.quick.grid[key]):
-                problems.append(
-                    f"  tuning.baseline.{key}: {value!r} is not one of quick.grid's values"
-                )
+        elif (
+            spec.quick is not None
+            and key in spec.quick.grid
+            and not any(value == v for v in spec.quick.grid[key])
+        ):
+            problems.append(f"  tuning.baseline.{key}: {value!r} is not one of quick.grid's values")
 
 
 def _semantics(spec: SweepSpec, problems: list[str]) -> None:

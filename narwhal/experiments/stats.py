@@ -14,14 +14,14 @@ replicate *k* of the baseline and the interval is Student's t on the per-replica
 (mean ± t · sd / √n). Without pairing (``seed_by = "point"``) it is Welch's t on the two
 samples. A difference seen in every replicate alike (sd 0) is resolved at any n ≥ 2. How many
 replicates would resolve an observed difference is the usual power calculation: the smallest n
-with t(1 - α/2, n - 1) + t(power, n - 1) ≤ |d| · √n / sd for the observed mean difference d and
-spread sd (power 0.8). Pure functions of numbers; no I/O, no sweep types.
+with t(1 - a/2, n - 1) + t(power, n - 1) ≤ |d| · √n / sd for the observed mean difference d,
+spread sd and a = 1 - the per-cell confidence (power 0.8). Pure functions of numbers; no I/O.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scipy import stats as scipy_stats
@@ -175,7 +175,7 @@ def _fmt(value: float) -> str:
 
 
 def compare(
-    cells: Sequence[dict[str, Sequence[float | None]]],
+    cells: Sequence[Mapping[str, Sequence[float | None]]],
     baseline: int,
     metrics: Sequence[Metric],
     per_cell_confidence: float,
@@ -194,7 +194,9 @@ def compare(
             for m in metrics
         }
         main = intervals[primary.name]
-        better = not math.isnan(main.low) and min(primary.gain(main.low), primary.gain(main.high)) > 0
+        better = (
+            not math.isnan(main.low) and min(primary.gain(main.low), primary.gain(main.high)) > 0
+        )
         worse = []
         for guard in guards:
             g = intervals[guard.name]
@@ -207,7 +209,7 @@ def compare(
 
 
 def decide(
-    cells: Sequence[dict[str, Sequence[float | None]]],
+    cells: Sequence[Mapping[str, Sequence[float | None]]],
     baseline: int,
     metrics: Sequence[Metric],
     *,
@@ -225,8 +227,9 @@ def decide(
     how = "paired t" if paired else "Welch t"
     family = f"{confidence:.0%} simultaneous ({how}, Bonferroni over {others} cells)"
     if others == 0:
-        return Decision(None, "the sweep has no cell besides the baseline", confidence, level,
-                        replicates, None)
+        return Decision(
+            None, "the sweep has no cell besides the baseline", confidence, level, replicates, None
+        )
     if replicates < 2:
         return Decision(
             None,
@@ -250,8 +253,9 @@ def decide(
         )
         return Decision(best.cell, reason, confidence, level, replicates, None, comparisons)
     gains = [c for c in comparisons if not math.isnan(c.intervals[primary.name].mean)]
-    top = max(gains, key=lambda c: (primary.gain(c.intervals[primary.name].mean), -c.cell),
-              default=None)
+    top = max(
+        gains, key=lambda c: (primary.gain(c.intervals[primary.name].mean), -c.cell), default=None
+    )
     parts = [f"no setting is distinguishable from the baseline at {replicates} replicates"]
     needed: int | None = None
     blocked = [c for c in comparisons if c.better and c.worse_on]
