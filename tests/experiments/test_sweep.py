@@ -211,7 +211,8 @@ def test_a_failing_run_in_process_is_reported_like_in_a_pool(
 ) -> None:
     text = tiny_spec.read_text("utf-8")
     broken = tiny_spec.parent / "broken.toml"  # runs, but its scenario fails inside the run
-    broken.write_text(text + '\n[base]\n"workload.duration_s" = 1e-9\n', "utf-8")
+    base = '\n[base]\n"workload.duration_s" = 1e-9\n"faults.0.at_s" = 0.0\n'  # no request
+    broken.write_text(text + base, "utf-8")
     code = main(["sweep", str(broken), "--workers", "0", "--no-progress",
                  "--out", str(tiny_spec.parent / "o")])  # fmt: skip
     assert code == 1

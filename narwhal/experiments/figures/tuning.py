@@ -85,7 +85,7 @@ def _panel(
                 text,
                 ha="center",
                 va="center",
-                fontsize=8.5,
+                fontsize=7.5,
                 color="black" if bright else "white",
             )
     ax.set_xticks(range(len(xs)), [str(x) for x in xs])
@@ -114,13 +114,13 @@ PANEL_METRICS = ("success_pct", "first_byte_p99_s", "goodput_rps", "slo_attainme
 
 
 def _difference_note(interval: Interval | None, fmt: str, scale: float) -> str | None:
-    """A cell's difference from the baseline with its interval: ``d+0.31 [-0.10, +0.72]``."""
+    """A cell's difference from the baseline over its interval: ``d+0.31`` / ``[-0.10, +0.72]``."""
     if interval is None or math.isnan(interval.mean):
         return None
     if math.isnan(interval.low):
         return "d" + fmt.format(interval.mean * scale)
     return (
-        f"d{fmt.format(interval.mean * scale)} "
+        f"d{fmt.format(interval.mean * scale)}\n"
         f"[{fmt.format(interval.low * scale)}, {fmt.format(interval.high * scale)}]"
     )
 
@@ -198,7 +198,7 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
                 {"title": "SLO attainment (%)", "cmap": "viridis", "fmt": "{:.1f}"},
             )
         )
-    fig, axes = plt.subplots(1, 3, figsize=(13.5, 5.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15.0, 6.0))
     labels: list[list[str | None]] = [[None] * len(xs) for _ in ys]
     for cell in cells:
         j, i = place(cell)
@@ -276,6 +276,6 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
             else "Third panel: SLO attainment at the one rate swept (goodput not computed)."
         )
     )
-    add_footer(fig, result, width=190, lead=(rule,), line_height=0.028, top=0.94)
+    add_footer(fig, result, width=215, lead=(rule,), line_height=0.028, top=0.94)
     fields = [options.x, options.y, *[k for k in cells[0] if k not in (options.x, options.y)]]
     return save_figure(fig, out, "tuning", fields, cells)
