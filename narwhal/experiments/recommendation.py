@@ -8,9 +8,12 @@ says that no setting is distinguishable at N replicates and how many would resol
 difference seen. Every sweep writes one, also when it cannot decide (no baseline in the grid,
 one replicate), saying why.
 
-Theory of operation: the baseline is ``[tuning] baseline`` or else the scenario's own value of
+Theory of operation: a *setting* is a point, or, in a sweep with several cases and a varied
+grid axis (faults placed in several ways, say), a grid cell over every case, judged by its worst
+case per replicate. The baseline is ``[tuning] baseline`` or else the scenario's own value of
 every varied grid key (read from the base scenario, or the simulator's default for a key the
-file leaves out); the point whose parameters match it is the baseline cell. Each point's
+file leaves out); in a sweep of cases alone, the one case that sets nothing. The setting whose
+parameters match it is the baseline. Each point's
 per-replicate values are read at the reference rate (``[goodput].report_at``); goodput per
 replicate is the DistServe crossing of that replicate's own rate curve. Replicates are paired
 by index when the sweep's seeds are by replicate (common random numbers), else compared with
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from narwhal.experiments.aggregate import SweepResult, mean_curve
-from narwhal.experiments.plan import Plan
+from narwhal.experiments.plan import CASE_KEY, Plan, canonical
 from narwhal.experiments.spec_model import RANKABLE
 from narwhal.experiments.stats import (
     Decision,
@@ -48,19 +51,29 @@ class Recommendation:
 
     decision: Decision | None
     baseline: dict[str, Any] | None  # the baseline's parameters (None: none could be found)
-    baseline_point: int | None
+    baseline_point: int | None  # the baseline's index in ``settings``
     metrics: tuple[Metric, ...]
     reason: str
     paired: bool
-    values: list[dict[str, list[Any]]] = field(default_factory=list)  # per point, per metric
+    values: list[dict[str, list[Any]]] = field(default_factory=list)  # per setting, per metric
+    settings: list[dict[str, Any]] = field(default_factory=list)  # each setting's parameters
 
     @property
     def recommended_point(self) -> int | None:
+        """The recommended setting's index in ``settings`` (a point's index when every point
+        is a setting)."""
         return None if self.decision is None else self.decision.recommended
 
+    def index_of(self, params: dict[str, Any]) -> int | None:
+        """The index of the setting a point's parameters belong to."""
+        for index, setting in enumerate(self.settings):
+            if _matches(params, setting):
+                return index
+        return None
+
     def difference(self, point: int, metric: str) -> Interval | None:
-        """The interval of ``point`` minus the baseline on ``metric`` (None for the baseline
-        itself, or when there was no comparison)."""
+        """The interval of setting ``point`` minus the baseline on ``metric`` (None for the
+        baseline itself, or when there was no comparison)."""
         decision = self.decision
         if decision is None or self.baseline_point is None or point == self.baseline_point:
             return None
@@ -125,8 +138,11 @@ def baseline_of(plan: Plan) -> tuple[dict[str, Any] | None, str]:
     if spec.tuning.baseline:
         return dict(spec.tuning.baseline), "[tuning] baseline"
     varied = [key for key, values in spec.grid.items() if len(values) > 1]
-    if len(spec.cases) > 1:
-        return None, "the cases have no scenario setting to compare with: set [tuning] baseline"
+    if len(spec.cases) > 1 and not varied:  # the case that changes nothing is the scenario's
+        plain = [case.label for case in spec.cases if not case.set]
+        if len(plain) == 1:
+            return {CASE_KEY: plain[0]}, "the case that leaves the scenario as it is"
+        return None, "no single case leaves the scenario as it is: set [tuning] baseline"
     baseline = {}
     for key in varied:
         found, value = _scenario_value(plan, key)
@@ -140,8 +156,37 @@ def _matches(params: dict[str, Any], baseline: dict[str, Any]) -> bool:
     return all(key in params and params[key] == value for key, value in baseline.items())
 
 
-def per_replicate(result: SweepResult, metrics: tuple[Metric, ...]) -> list[dict[str, list[Any]]]:
-    """For every point, each metric's values by replicate (replicate order)."""
+def settings_of(plan: Plan) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    """The settings compared (their parameters) and the points each one pools. With several
+    cases and a varied grid axis, a setting is a grid cell over every case (judged by its worst
+    case: an operator does not know which case the next incident will be); otherwise every
+    point is a setting."""
+    varied = [key for key, values in plan.spec.grid.items() if len(values) > 1]
+    if not (len(plan.spec.cases) > 1 and varied):
+        return [dict(p.params) for p in plan.points], [[p.index] for p in plan.points]
+    order: list[str] = []
+    groups: dict[str, tuple[dict[str, Any], list[int]]] = {}
+    for point in plan.points:
+        params = {k: v for k, v in point.params.items() if k != CASE_KEY}
+        key = canonical(params)
+        if key not in groups:
+            order.append(key)
+            groups[key] = (params, [])
+        groups[key][1].append(point.index)
+    return [groups[k][0] for k in order], [groups[k][1] for k in order]
+
+
+def _worst(values: list[Any], metric: Metric) -> Any:
+    if any(v is None for v in values) or not values:
+        return None
+    return min(values) if metric.higher_is_better else max(values)
+
+
+def per_replicate(
+    result: SweepResult, metrics: tuple[Metric, ...], pools: list[list[int]]
+) -> list[dict[str, list[Any]]]:
+    """For every setting (the points it pools), each metric's values by replicate, in
+    replicate order: a point's own value, or the worst over the points it pools."""
     plan = result.plan
     reference = plan.spec.goodput.reference() if plan.spec.goodput is not None else None
     bar = plan.spec.goodput.attainment_pct if plan.spec.goodput is not None else 90.0
@@ -149,21 +194,21 @@ def per_replicate(result: SweepResult, metrics: tuple[Metric, ...]) -> list[dict
     by_cell: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for run in result.runs:
         by_cell.setdefault((run["point"], run["replicate"]), []).append(run)
-    cells = []
-    for point in plan.points:
-        cell: dict[str, list[Any]] = {}
-        for metric in metrics:
-            values = []
-            for k in replicates:
-                runs = by_cell.get((point.index, k), [])
-                if metric.name == "goodput_rps":
-                    values.append(goodput(mean_curve(runs), bar)[0] if runs else None)
-                    continue
-                at = [r for r in runs if reference is None or r["rate_multiplier"] == reference]
-                values.append(at[0].get(metric.name) if at else None)
-            cell[metric.name] = values
-        cells.append(cell)
-    return cells
+
+    def value(point: int, k: int, metric: Metric) -> Any:
+        runs = by_cell.get((point, k), [])
+        if metric.name == "goodput_rps":
+            return goodput(mean_curve(runs), bar)[0] if runs else None
+        at = [r for r in runs if reference is None or r["rate_multiplier"] == reference]
+        return at[0].get(metric.name) if at else None
+
+    return [
+        {
+            metric.name: [_worst([value(p, k, metric) for p in pool], metric) for k in replicates]
+            for metric in metrics
+        }
+        for pool in pools
+    ]
 
 
 def recommend(result: SweepResult) -> Recommendation:
@@ -171,10 +216,13 @@ def recommend(result: SweepResult) -> Recommendation:
     plan = result.plan
     metrics = metrics_of(plan)
     paired = plan.spec.sweep.seed_by == "replicate"
+    settings, pools = settings_of(plan)
     baseline, source = baseline_of(plan)
     if baseline is None:
-        return Recommendation(None, None, None, metrics, f"no baseline: {source}", paired)
-    matching = [p.index for p in plan.points if _matches(p.params, baseline)]
+        return Recommendation(
+            None, None, None, metrics, f"no baseline: {source}", paired, settings=settings
+        )
+    matching = [i for i, params in enumerate(settings) if _matches(params, baseline)]
     if not matching:
         described = ", ".join(f"{k}={v}" for k, v in baseline.items())
         return Recommendation(
@@ -185,16 +233,17 @@ def recommend(result: SweepResult) -> Recommendation:
             f"the baseline ({source}: {described}) is not a cell of the grid: add it, or name "
             "one with [tuning] baseline",
             paired,
+            settings=settings,
         )
     base_point = matching[0]
-    labels = [p.label() for p in plan.points]
+    labels = [", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in p.items()) for p in settings]
     names = {m.name for m in metrics}
     shown = [
         Metric(name, RANKABLE[name])
         for name in SHOWN
         if name not in names and (name != "goodput_rps" or plan.spec.goodput is not None)
     ]
-    values = per_replicate(result, (*metrics, *shown))
+    values = per_replicate(result, (*metrics, *shown), pools)
     decision = decide(
         values,
         base_point,
@@ -203,7 +252,9 @@ def recommend(result: SweepResult) -> Recommendation:
         confidence=plan.spec.tuning.confidence,
         paired=paired,
     )
-    return Recommendation(decision, baseline, base_point, metrics, decision.reason, paired, values)
+    return Recommendation(
+        decision, baseline, base_point, metrics, decision.reason, paired, values, settings
+    )
 
 
 def _number(value: float) -> float | None:
@@ -216,19 +267,17 @@ def as_json(result: SweepResult, recommendation: Recommendation) -> dict[str, An
     decision = recommendation.decision
     chosen = recommendation.recommended_point
     recommended = None
+    settings = recommendation.settings
     if chosen is not None:
         varied = {k for k, values in plan.spec.grid.items() if len(values) > 1}
         varied |= set(recommendation.baseline or {})
         if len(plan.spec.cases) > 1:
-            varied.add("case")
-        recommended = {k: v for k, v in plan.points[chosen].params.items() if k in varied}
+            varied.add(CASE_KEY)
+        recommended = {k: v for k, v in settings[chosen].items() if k in varied}
     cells = []
     if decision is not None:
         for comparison in decision.comparisons:
-            entry: dict[str, Any] = {
-                "point": comparison.cell,
-                **plan.points[comparison.cell].params,
-            }
+            entry: dict[str, Any] = dict(settings[comparison.cell])
             for name, interval in comparison.intervals.items():
                 entry[name] = {
                     "difference": _number(interval.mean),

@@ -3,6 +3,7 @@ recommendation only for a real difference, recommendation.json, and faults that 
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from narwhal.cli import main
 from narwhal.experiments.figures.base import fault_note
 from narwhal.experiments.figures.tuning import colour_range
 from narwhal.experiments.plan import build_plan
+from narwhal.experiments.recommendation import baseline_of
 from narwhal.experiments.spec import SpecError, load_spec, parse_spec
 from narwhal.experiments.sweep import run_sweep
 from narwhal.sim.runner import run
@@ -159,3 +161,49 @@ def test_a_fault_every_run_ended_before_is_marked_not_run(
     assert _sweep(spec, tmp_path / "out") == 0
     err = capsys.readouterr().err
     assert "warning: faults[0] (hang at 120 s) never happened in 2 of 2 runs" in err
+
+
+def test_with_cases_a_setting_is_judged_by_its_worst_case(tmp_path: Path) -> None:
+    # two fault placements as cases, crossed with two retry settings: a setting is a grid cell
+    # and each replicate's value is its worst case
+    spec = _spec(
+        tmp_path,
+        'replicates = 3\n[grid]\n"recovery.max_attempts" = [1, 2]\n'
+        '[tuning]\nprimary = "success_pct"\n'
+        '[[cases]]\nlabel = "as is"\n'
+        '[[cases]]\nlabel = "5xx"\nset = { faults = [{ kind = "http_5xx", role = "prefill", '
+        "rate_per_hour = 3600.0, duration_s = 1.0, probability = 0.5 }] }\n",
+    ).read_text("utf-8")
+    path = tmp_path / "cases.toml"
+    path.write_text(spec.replace('recipe = "tuning"\n', ""), "utf-8")
+    out = tmp_path / "out"
+    assert _sweep(path, out) == 0
+    advice = _advice(out)
+    assert advice["baseline"] == {"recovery.max_attempts": 2}  # the tiny scenario's own
+    assert [set(c) - {"better", "worse_on"} for c in advice["cells"]] == [
+        {"recovery.max_attempts", "success_pct", "first_byte_p99_s"}
+    ]
+    runs = list(csv.DictReader((out / "runs.csv").read_text("utf-8").splitlines()))
+
+    def worst(attempts: str, k: int) -> float:
+        return min(
+            float(r["success_pct"])
+            for r in runs
+            if r["recovery.max_attempts"] == attempts and r["replicate"] == str(k)
+        )
+
+    diffs = [worst("1", k) - worst("2", k) for k in range(3)]
+    assert advice["cells"][0]["success_pct"]["difference"] == pytest.approx(sum(diffs) / 3)
+
+
+def test_a_sweep_of_cases_alone_compares_with_the_case_that_sets_nothing() -> None:
+    cases = [{"label": "shipped"}, {"label": "rr", "set": {"routing.prefill": "round_robin"}}]
+    plan = build_plan(parse_spec({"cases": cases}))
+    assert baseline_of(plan) == ({"case": "shipped"}, "the case that leaves the scenario as it is")
+    plain = build_plan(parse_spec({"cases": [{"label": "a"}, {"label": "b"}]}))
+    assert baseline_of(plain)[0] is None
+    assert "set [tuning] baseline" in baseline_of(plain)[1]
+    named = parse_spec(
+        {"cases": [{"label": "a"}, {"label": "b"}], "tuning": {"baseline": {"case": "b"}}}
+    )
+    assert baseline_of(build_plan(named))[0] == {"case": "b"}

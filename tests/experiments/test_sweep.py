@@ -35,13 +35,15 @@ FIGURE_COLUMNS = {
     "retries_cdf": {"setting", "fraction_of_requests", "first_byte_s"},
     "retries_errors": {"setting", "error_class", "requests_pct"},
     "capacity": {"fleet_size", "pd_ratio", "prefill", "decode", "offered_rps",
-                 "slo_attainment_pct", "goodput_rps", "goodput_per_engine"},
+                 "slo_attainment_pct", "goodput_rps", "goodput_per_engine",
+                 "goodput_rps_ci_low", "goodput_rps_ci_high"},
     "diffuse": {"case", "recovery.max_ejection_percent", "recovery.failure_quarantine_s",
-                "success_pct", "goodput_rps", "no_engine_503s", "recommended", "default"},
+                "success_pct", "goodput_rps", "no_engine_503s", "recommended", "default",
+                "success_pct_ci_half", "goodput_rps_ci_half"},
     "routing": {"policy", "rate_multiplier", "offered_rps", "first_byte_p50_s",
                 "first_byte_p90_s", "tpot_p50_s", "slo_attainment_pct", "rejected_pct",
                 "prefix_cache_hit_rate", "goodput_rps", "goodput_bound", "default",
-                "recommended"},
+                "recommended", "goodput_rps_ci_low", "goodput_rps_ci_high"},
 }  # fmt: skip
 
 
@@ -103,9 +105,10 @@ def test_quick_recipe_writes_csv_and_png(name: str, quick_sweeps: Callable[[str]
             "recovery.eject_after": 3, "recovery.failure_quarantine_s": 0.0
         }  # fmt: skip
         assert [c["baseline"] for c in cells].count("True") == 1
-    if name == "diffuse":  # one setting recommended, one the default: a row per case each
+    picked = advice["recommended"] is not None
+    if name == "diffuse":  # recommendation.json's setting and the default: a row per case each
         rows = _read(out / "diffuse.csv")
-        assert sum(r["recommended"] == "True" for r in rows) == len(spec.cases)
+        assert sum(r["recommended"] == "True" for r in rows) == len(spec.cases) * picked
         default = [r for r in rows if r["default"] == "True"]
         assert len(default) == len(spec.cases)
         assert {r["recovery.max_ejection_percent"] for r in default} == {"50"}
@@ -113,8 +116,9 @@ def test_quick_recipe_writes_csv_and_png(name: str, quick_sweeps: Callable[[str]
         rows = _read(out / "routing.csv")
         rates = len(spec.goodput.rate_multipliers) if spec.goodput else 0
         assert len(rows) == len(spec.cases) * rates
-        assert sum(r["recommended"] == "True" for r in rows) == rates
+        assert sum(r["recommended"] == "True" for r in rows) == rates * picked
         assert {r["policy"] for r in rows if r["default"] == "True"} == {"least_reserved"}
+        assert advice["baseline"] == {"case": "least_reserved"}
         assert all(0.0 <= float(r["prefix_cache_hit_rate"]) <= 1.0 for r in rows)
         hits = {r["policy"]: float(r["prefix_cache_hit_rate"]) for r in rows}
         assert hits["prefix_affinity"] > 0.0  # the workload shares prefixes and caching is on
