@@ -21,6 +21,7 @@ goodput and whether the case is the default or recommended.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,6 +168,10 @@ def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
             text = f">={value:.1f}"  # no rate tried missed the bar
         elif lowest["goodput_bound"] == "below":
             text = f"<{lowest['offered_rps'] or 0.0:.1f}"  # even the lowest rate missed it
+        index = advice.index_of({"case": policy})
+        paired = None if index is None else advice.difference(index, "goodput_rps")
+        if paired is not None and not math.isnan(paired.low):
+            text += f"  d{paired.mean:+.1f} [{paired.low:+.1f}, {paired.high:+.1f}]"
         bars.annotate(
             text, (value, y), xytext=(9, 0), textcoords="offset points", va="center", fontsize=8
         )
@@ -175,7 +180,7 @@ def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
     bars.set_xlabel("goodput (req/s with >= 90% on time)", fontsize=8.5)
     bars.set_title("goodput (DistServe) per policy; red ring: recommended", fontsize=9.5)
     bars.grid(True, axis="x", alpha=0.3)
-    bars.set_xlim(0, max([*(v + h for v, h in zip(values, halves, strict=True)), 1e-9]) * 1.3)
+    bars.set_xlim(0, max([*(v + h for v, h in zip(values, halves, strict=True)), 1e-9]) * 1.6)
 
     first = result.plan.tasks[0].scenario if result.plan.tasks else {}
     sim = first.get("sim", {})
@@ -192,7 +197,9 @@ def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
         f"baseline on {advice.metrics[0].name} by a {confidence:.0%} simultaneous paired t "
         f"interval and not worse on {', '.join(m.name for m in advice.metrics[1:])}. Verdict: "
         f"{advice.reason}. Lines: means over replicates at each rate; goodput bars: "
-        f"{confidence:.0%} t interval of the per-replicate crossings. " + _case_note(result)
+        f"{confidence:.0%} t interval of the per-replicate crossings; d [low, high]: the "
+        "difference from the baseline with its simultaneous paired interval (the one that "
+        "decides). " + _case_note(result)
     )
     add_footer(fig, result, width=190, lead=(rule,), line_height=0.022, top=0.93)
     fields = ["policy", "rate_multiplier", *CURVE_METRICS]
