@@ -168,8 +168,8 @@ def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
             text = f">={value:.1f}"  # no rate tried missed the bar
         elif lowest["goodput_bound"] == "below":
             text = f"<{lowest['offered_rps'] or 0.0:.1f}"  # even the lowest rate missed it
-        index = advice.index_of({"case": policy})
-        paired = None if index is None else advice.difference(index, "goodput_rps")
+        setting = advice.index_of({"case": policy})
+        paired = None if setting is None else advice.difference(setting, "goodput_rps")
         if paired is not None and not math.isnan(paired.low):
             text += f"  d{paired.mean:+.1f} [{paired.low:+.1f}, {paired.high:+.1f}]"
         bars.annotate(
