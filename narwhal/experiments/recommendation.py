@@ -13,8 +13,8 @@ grid axis (faults placed in several ways, say), a grid cell over every case, jud
 case per replicate. The baseline is ``[tuning] baseline`` or else the scenario's own value of
 every varied grid key (read from the base scenario, or the simulator's default for a key the
 file leaves out); in a sweep of cases alone, the one case that sets nothing. The setting whose
-parameters match it is the baseline. Each point's
-per-replicate values are read at the reference rate (``[goodput].report_at``); goodput per
+parameters match it is the baseline. Each point's per-replicate values are read at the
+reference rate (``[goodput].report_at``); goodput per
 replicate is the DistServe crossing of that replicate's own rate curve. Replicates are paired
 by index when the sweep's seeds are by replicate (common random numbers), else compared with
 Welch's interval. The primary metric is ``[tuning] primary``, else goodput (with
@@ -51,7 +51,7 @@ class Recommendation:
 
     decision: Decision | None
     baseline: dict[str, Any] | None  # the baseline's parameters (None: none could be found)
-    baseline_point: int | None  # the baseline's index in ``settings``
+    baseline_index: int | None  # the baseline's index in ``settings``
     metrics: tuple[Metric, ...]
     reason: str
     paired: bool
@@ -59,7 +59,7 @@ class Recommendation:
     settings: list[dict[str, Any]] = field(default_factory=list)  # each setting's parameters
 
     @property
-    def recommended_point(self) -> int | None:
+    def recommended_index(self) -> int | None:
         """The recommended setting's index in ``settings`` (a point's index when every point
         is a setting)."""
         return None if self.decision is None else self.decision.recommended
@@ -71,21 +71,21 @@ class Recommendation:
                 return index
         return None
 
-    def difference(self, point: int, metric: str) -> Interval | None:
-        """The interval of setting ``point`` minus the baseline on ``metric`` (None for the
+    def difference(self, index: int, metric: str) -> Interval | None:
+        """The interval of setting ``index`` minus the baseline on ``metric`` (None for the
         baseline itself, or when there was no comparison)."""
         decision = self.decision
-        if decision is None or self.baseline_point is None or point == self.baseline_point:
+        if decision is None or self.baseline_index is None or index == self.baseline_index:
             return None
         for comparison in decision.comparisons:
-            if comparison.cell == point and metric in comparison.intervals:
+            if comparison.cell == index and metric in comparison.intervals:
                 return comparison.intervals[metric]
-        if point >= len(self.values) or metric not in self.values[point]:
+        if index >= len(self.values) or metric not in self.values[index]:
             return None
         interval = paired_interval if self.paired else welch_interval
         return interval(
-            self.values[point][metric],
-            self.values[self.baseline_point][metric],
+            self.values[index][metric],
+            self.values[self.baseline_index][metric],
             decision.per_cell_confidence,
         )
 
@@ -266,7 +266,7 @@ def as_json(result: SweepResult, recommendation: Recommendation) -> dict[str, An
     """``recommendation.json``'s content."""
     plan = result.plan
     decision = recommendation.decision
-    chosen = recommendation.recommended_point
+    chosen = recommendation.recommended_index
     recommended = None
     settings = recommendation.settings
     if chosen is not None:

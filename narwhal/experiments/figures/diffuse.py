@@ -104,8 +104,8 @@ def draw(result: SweepResult, options: DiffuseOptions, out: Path) -> list[Path]:
     success = {s: [by_key[(*s, c)]["success_pct"] or 0.0 for c in cases] for s in settings}
     advice = recommend(result)
     chosen: tuple[Any, Any] | None = None
-    if advice.recommended_point is not None:
-        picked = advice.settings[advice.recommended_point]
+    if advice.recommended_index is not None:
+        picked = advice.settings[advice.recommended_index]
         chosen = (picked[options.lines], picked[options.panels])
     default = (shipped_default(options.lines), shipped_default(options.panels))
 

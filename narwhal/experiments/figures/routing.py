@@ -101,8 +101,8 @@ def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
     mine = {p: [r for r in rows if r["policy"] == p] for p in policies}
     advice = recommend(result)
     chosen: str | None = None
-    if advice.recommended_point is not None:
-        chosen = str(advice.settings[advice.recommended_point]["case"])
+    if advice.recommended_index is not None:
+        chosen = str(advice.settings[advice.recommended_index]["case"])
     for row in rows:
         row["default"] = row["policy"] == options.default
         row["recommended"] = row["policy"] == chosen

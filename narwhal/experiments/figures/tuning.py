@@ -132,14 +132,14 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
     spec = result.spec
     xs, ys = spec.grid[options.x], spec.grid[options.y]
     advice = recommend(result)
-    chosen = advice.recommended_point
+    chosen = advice.recommended_index
     intervals: dict[tuple[int, str], Interval] = {}
     cells = []
     for point in result.points:
         cell: dict[str, Any] = {
             options.x: point[options.x],
             options.y: point[options.y],
-            "baseline": point["point"] == advice.baseline_point,
+            "baseline": point["point"] == advice.baseline_index,
             "recommended": point["point"] == chosen,
         }
         for key in PANEL_METRICS:
@@ -228,7 +228,7 @@ def draw(result: SweepResult, options: TuningOptions, out: Path) -> list[Path]:
             notes,
             half_widths,
         )
-        if advice.baseline_point is not None:
+        if advice.baseline_index is not None:
             base = next(c for c in cells if c["baseline"])
             by, bx = place(base)
             ax.add_patch(
