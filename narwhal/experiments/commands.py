@@ -105,6 +105,7 @@ def _sweep(args: argparse.Namespace) -> int:
             return 2
         for path in write_sweep(result, out):
             print(f"  {path}")
+        _print_recommendation(out)
         return 0
     from narwhal.experiments.backends import BackendError
 
