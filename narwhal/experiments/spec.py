@@ -92,6 +92,12 @@ def _check_tuning(spec: SweepSpec, problems: list[str]) -> None:
             labels = [case.label for case in spec.cases]
             if value not in labels:
                 problems.append(f"  tuning.baseline.case: {value!r} is not a case label")
+            elif (
+                spec.quick is not None
+                and spec.quick.cases is not None
+                and value not in spec.quick.cases
+            ):
+                problems.append(f"  tuning.baseline.case: {value!r} is not in quick.cases")
         elif key not in spec.grid:
             problems.append(f"  tuning.baseline.{key}: not an axis of [grid]")
         elif not any(value == v for v in spec.grid[key]):

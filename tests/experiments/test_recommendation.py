@@ -207,3 +207,12 @@ def test_a_sweep_of_cases_alone_compares_with_the_case_that_sets_nothing() -> No
         {"cases": [{"label": "a"}, {"label": "b"}], "tuning": {"baseline": {"case": "b"}}}
     )
     assert baseline_of(build_plan(named))[0] == {"case": "b"}
+
+
+def test_a_baseline_case_must_survive_quick() -> None:
+    cases = [{"label": "a"}, {"label": "b", "set": {"recovery.max_attempts": 2}}]
+    spec = {"cases": cases, "tuning": {"baseline": {"case": "b"}}, "quick": {"cases": ["a"]}}
+    with pytest.raises(SpecError, match="tuning.baseline.case: 'b' is not in quick.cases"):
+        parse_spec(spec)
+    with pytest.raises(SpecError, match="tuning.baseline.case: 'c' is not a case label"):
+        parse_spec({**spec, "tuning": {"baseline": {"case": "c"}}, "quick": {}})
