@@ -11,7 +11,10 @@ Theory of operation. A *run row* is one simulation: point, replicate, rate multi
 the point's parameters and fleet counts, then the worker's metrics. A *point row* averages a
 point's runs over replicates; with ``[goodput]`` only the runs at the reference multiplier
 (``report_at``) feed those means. Means skip missing values (a p99 with no successful
-request); ``*_sd`` columns give the spread between replicates (population standard deviation).
+request); ``*_sd`` columns give the spread between replicates (population standard deviation)
+and ``*_ci_low``/``*_ci_high`` the Student t interval of the mean over replicates at
+``[tuning] confidence`` (goodput's: of the per-replicate crossings). How each point differs
+from the baseline, paired replicate by replicate, is :mod:`narwhal.experiments.recommendation`.
 
 Goodput follows DistServe (Zhong et al., OSDI 2024): the highest request rate at which at least
 ``attainment_pct`` (90%) of requests are on time. A point's rate curve is its mean over
@@ -36,6 +39,7 @@ from typing import Any
 
 from narwhal.experiments.plan import Plan
 from narwhal.experiments.spec_model import SweepSpec
+from narwhal.experiments.stats import mean_interval
 from narwhal.experiments.worker import ERROR_PREFIX, METRIC_FIELDS, RunOutcome
 from narwhal.sim.results import goodput
 
@@ -94,6 +98,14 @@ def _sd(values: list[Any]) -> float | None:
     return math.sqrt(sum((v - mean) ** 2 for v in numbers) / len(numbers))
 
 
+def _interval(row: dict[str, Any], key: str, values: list[Any], confidence: float) -> None:
+    """``<key>_ci_low``/``_ci_high``: the t interval of the mean over replicates (empty with
+    fewer than two)."""
+    interval = mean_interval(values, confidence)
+    for end, value in (("low", interval.low), ("high", interval.high)):
+        row[f"{key}_ci_{end}"] = None if math.isnan(value) else value
+
+
 def error_fields(outcomes: list[RunOutcome]) -> list[str]:
     """Every ``errors.<class>`` column seen, sorted."""
     return sorted({k for o in outcomes for k in o.metrics if k.startswith(ERROR_PREFIX)})
@@ -129,6 +141,7 @@ def run_rows(plan: Plan, outcomes: list[RunOutcome]) -> tuple[list[str], list[di
 def point_rows(plan: Plan, runs: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
     """(columns, one row per point): means over replicates, spreads, goodput."""
     goodput_cfg = plan.spec.goodput
+    confidence = plan.spec.tuning.confidence
     reference = goodput_cfg.reference() if goodput_cfg is not None else None
     errors = sorted({k for r in runs for k in r if k.startswith(ERROR_PREFIX)})
     by_point: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -136,8 +149,10 @@ def point_rows(plan: Plan, runs: list[dict[str, Any]]) -> tuple[list[str], list[
         by_point[row["point"]].append(row)
     fields = ["point", *param_fields(plan), *FLEET_FIELDS, "replicates", *METRIC_FIELDS]
     fields += [f"{k}_sd" for k in SPREAD_FIELDS]
+    fields += [f"{k}_ci_{end}" for k in SPREAD_FIELDS for end in ("low", "high")]
     if goodput_cfg is not None:
         fields += ["goodput_rps", "goodput_rps_sd", "goodput_per_engine", "goodput_bound"]
+        fields += ["goodput_rps_ci_low", "goodput_rps_ci_high"]
     fields += errors
     rows = []
     for point in plan.points:
@@ -151,6 +166,7 @@ def point_rows(plan: Plan, runs: list[dict[str, Any]]) -> tuple[list[str], list[
             )
         for key in SPREAD_FIELDS:
             row[f"{key}_sd"] = _sd([r[key] for r in reported])
+            _interval(row, key, [r[key] for r in reported], confidence)
         if goodput_cfg is not None:
             bar = goodput_cfg.attainment_pct
             value, bound = goodput(mean_curve(mine), bar)
@@ -163,8 +179,28 @@ def point_rows(plan: Plan, runs: list[dict[str, Any]]) -> tuple[list[str], list[
             row["goodput_rps_sd"] = _sd(per_replicate)
             row["goodput_per_engine"] = value / engines if engines else None
             row["goodput_bound"] = bound
+            _interval(row, "goodput_rps", per_replicate, confidence)
         rows.append(row)
     return fields, rows
+
+
+def unrun_faults(result: SweepResult) -> list[tuple[int, dict[str, Any], int, int]]:
+    """Scheduled faults (``at_s``) that some runs ended before: (index in ``[[faults]]``, the
+    fault, runs that missed it, runs of that scenario). A run whose simulated time ended at or
+    before ``at_s`` never had the fault; a figure must not list it as if it happened."""
+    missed: dict[int, list[int]] = {}
+    faults: dict[int, dict[str, Any]] = {}
+    for task, outcome in zip(result.plan.tasks, result.outcomes, strict=True):
+        end = outcome.metrics.get("sim_time_s")
+        for index, fault in enumerate(task.scenario.get("faults", [])):
+            if "at_s" not in fault or end is None:
+                continue
+            faults.setdefault(index, fault)
+            tally = missed.setdefault(index, [0, 0])
+            tally[1] += 1
+            if float(fault["at_s"]) >= float(end):
+                tally[0] += 1
+    return [(i, faults[i], n, total) for i, (n, total) in sorted(missed.items()) if n]
 
 
 def _cell(value: Any) -> Any:

@@ -105,6 +105,7 @@ def _sweep(args: argparse.Namespace) -> int:
             return 2
         for path in write_sweep(result, out):
             print(f"  {path}")
+        _print_recommendation(out)
         return 0
     from narwhal.experiments.backends import BackendError
 
@@ -132,6 +133,15 @@ def _sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
+    from narwhal.experiments.aggregate import unrun_faults
+
+    for index, fault, missed, total in unrun_faults(result):
+        print(
+            f"narwhal sweep: warning: faults[{index}] ({fault.get('kind')} at "
+            f"{fault['at_s']:g} s) never happened in {missed} of {total} runs: they ended "
+            "first (the figures say so)",
+            file=sys.stderr,
+        )
     written = write_sweep(result, out)
     finish(out)
     wall = time.perf_counter() - started
@@ -141,4 +151,13 @@ def _sweep(args: argparse.Namespace) -> int:
     )
     for path in written:
         print(f"  {path}")
+    _print_recommendation(out)
     return 0
+
+
+def _print_recommendation(out: Path) -> None:
+    """The recommendation's verdict, as written to ``recommendation.json``."""
+    import json
+
+    advice = json.loads((out / "recommendation.json").read_text("utf-8"))
+    print(f"recommendation: {advice['reason']}")

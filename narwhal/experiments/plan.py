@@ -4,8 +4,11 @@ Rule kept here: a run's seed is a function of (spec seed, point, replicate) only
 position in the plan, the backend or the worker: ``blake2b("narwhal-sweep/1|seed|point|r")``
 truncated to 63 bits, where *point* is the canonical JSON of the point's parameters (sorted
 keys). Adding a value to an axis therefore leaves every other point's seed unchanged. With
-``seed_by = "replicate"`` the point is left out (common random numbers: in one replicate every
-point sees the same arrivals and fault history, so settings are compared on equal terms).
+``seed_by = "replicate"`` (the default) the point is left out: common random numbers, in one
+replicate every point sees the same arrivals, lengths and fault history (the simulator splits
+the seed into independent workload, fault, engine and router streams, and draws the arrivals
+and the fault windows before the run starts, so nothing a setting changes can shift them), and
+settings are compared pairwise, replicate by replicate.
 The inner rate axis of ``[goodput]`` shares its point's seed for the same reason.
 
 Theory of operation: the base scenario mapping (a TOML file or the simulator's embedded
@@ -81,6 +84,7 @@ class Plan:
     points: list[Point]
     tasks: list[RunTask]
     engines: dict[int, dict[str, int]] = field(default_factory=dict)  # point -> fleet counts
+    base: dict[str, Any] = field(default_factory=dict)  # the scenario mapping with [base] applied
 
 
 def base_scenario(spec: SweepSpec) -> dict[str, Any]:
@@ -173,4 +177,4 @@ def build_plan(spec: SweepSpec, *, samples: bool = False) -> Plan:
                 tasks.append(
                     RunTask(len(tasks), index, replicate, multiplier, seed, scenario, samples)
                 )
-    return Plan(spec, points, tasks, engines)
+    return Plan(spec, points, tasks, engines, base)

@@ -47,8 +47,6 @@ class Options(BaseModel):
 class TuningOptions(Options):
     x: str = "recovery.eject_after"
     y: str = "recovery.failure_quarantine_s"
-    goodput_tolerance_pct: float = Field(5.0, ge=0, le=100)
-    success_tolerance_pp: float = Field(0.25, ge=0)
 
 
 class RetriesOptions(Options):
@@ -63,13 +61,10 @@ class CapacityOptions(Options):
 class DiffuseOptions(Options):
     lines: str = "recovery.max_ejection_percent"  # one line per value
     panels: str = "recovery.failure_quarantine_s"  # one column of panels per value
-    success_tolerance_pp: float = Field(0.5, ge=0)
 
 
 class RoutingOptions(Options):
     default: str = "least_reserved"  # the label of the case that runs the shipped defaults
-    goodput_tolerance_pct: float = Field(5.0, ge=0, le=100)  # a challenger must beat it by more
-    loss_tolerance_pp: float = Field(1.0, ge=0)  # ... and lose no more than this anywhere
 
 
 def _missing_axes(spec: SweepSpec, options: Options, axes: tuple[str, ...]) -> list[str]:

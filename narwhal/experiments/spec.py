@@ -82,6 +82,34 @@ def _check_quick_goodput(
         )
 
 
+def _check_tuning(spec: SweepSpec, problems: list[str]) -> None:
+    """``[tuning]``: a baseline names grid values (or a case label), a primary metric exists."""
+    tuning = spec.tuning
+    if tuning.primary == "goodput_rps" and spec.goodput is None:
+        problems.append("  tuning.primary: goodput_rps needs a [goodput] rate axis")
+    for key, value in (tuning.baseline or {}).items():
+        if key == "case":
+            labels = [case.label for case in spec.cases]
+            if value not in labels:
+                problems.append(f"  tuning.baseline.case: {value!r} is not a case label")
+            elif (
+                spec.quick is not None
+                and spec.quick.cases is not None
+                and value not in spec.quick.cases
+            ):
+                problems.append(f"  tuning.baseline.case: {value!r} is not in quick.cases")
+        elif key not in spec.grid:
+            problems.append(f"  tuning.baseline.{key}: not an axis of [grid]")
+        elif not any(value == v for v in spec.grid[key]):
+            problems.append(f"  tuning.baseline.{key}: {value!r} is not one of the axis' values")
+        elif (
+            spec.quick is not None
+            and key in spec.quick.grid
+            and not any(value == v for v in spec.quick.grid[key])
+        ):
+            problems.append(f"  tuning.baseline.{key}: {value!r} is not one of quick.grid's values")
+
+
 def _semantics(spec: SweepSpec, problems: list[str]) -> None:
     """Cross-section rules pydantic cannot state field by field."""
     labels = [case.label for case in spec.cases]
@@ -101,6 +129,7 @@ def _semantics(spec: SweepSpec, problems: list[str]) -> None:
                 "  grid.workload.rate_multiplier: [goodput] already sweeps the rate; "
                 "use one or the other"
             )
+    _check_tuning(spec, problems)
     quick = spec.quick
     if quick is not None:
         _check_overrides("quick.base", quick.base, problems)
@@ -142,6 +171,9 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>") -> SweepSpec:
             else c
             for c in shaped["cases"]
         ]
+    tuning = shaped.get("tuning")
+    if isinstance(tuning, dict) and isinstance(tuning.get("baseline"), dict):
+        shaped["tuning"] = {**tuning, "baseline": flatten(tuning["baseline"])}
     if isinstance(shaped.get("quick"), dict):
         quick = dict(shaped["quick"])
         for key in ("base", "grid"):

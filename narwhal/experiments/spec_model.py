@@ -21,6 +21,9 @@ Theory of operation: the sections are
 - ``[goodput]``: run every point at each of ``rate_multipliers`` (x the point's engine count
   when ``per_engine``) to find DistServe's goodput; ``report_at`` is the multiplier whose runs
   give the point's other metrics.
+- ``[tuning]``: the recommendation's ``baseline`` (grid key -> value; omitted: the scenario's
+  own setting), ``primary`` metric (omitted: goodput with ``[goodput]``, else SLO attainment)
+  and ``confidence`` (0.95); see :mod:`narwhal.experiments.recommendation`.
 - ``[figure]``: the recipe's options (validated by the recipe).
 - ``[quick]``: what ``--quick`` replaces (``replicates``, ``base``, ``grid`` axes' values,
   ``cases`` labels kept, ``goodput``) so a test can run the same recipe in seconds.
@@ -36,7 +39,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-SPEC_SECTIONS = ("sweep", "base", "grid", "cases", "goodput", "figure", "quick")
+SPEC_SECTIONS = ("sweep", "base", "grid", "cases", "goodput", "tuning", "figure", "quick")
+# the metrics a recommendation may rank by, and whether higher is better
+RANKABLE = {
+    "goodput_rps": True,
+    "slo_attainment_pct": True,
+    "on_time_rps": True,
+    "success_pct": True,
+    "first_byte_p50_s": False,
+    "first_byte_p90_s": False,
+    "first_byte_p99_s": False,
+    "tpot_p99_s": False,
+}
 
 
 class _Strict(BaseModel):
@@ -51,7 +65,7 @@ class SweepSettings(_Strict):
     scenario: str | None = None  # relative to the spec file; None: the embedded default
     seed: int = 0
     replicates: int = Field(1, ge=1, le=1000)
-    seed_by: Literal["point", "replicate"] = "point"
+    seed_by: Literal["point", "replicate"] = "replicate"
     recipe: str | None = None
 
 
@@ -74,6 +88,21 @@ class GoodputSettings(_Strict):
 
     def reference(self) -> float:
         return self.rate_multipliers[0] if self.report_at is None else self.report_at
+
+
+class TuningSettings(_Strict):
+    """``[tuning]``: what a recommendation is measured against and how sure it must be."""
+
+    baseline: dict[str, Any] | None = None  # grid key (or "case") -> value; None: the scenario's
+    primary: str | None = None  # a RANKABLE metric; None: goodput_rps, else slo_attainment_pct
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+
+    @field_validator("primary")
+    @classmethod
+    def _rankable(cls, value: str | None) -> str | None:
+        if value is not None and value not in RANKABLE:
+            raise ValueError(f"{value!r} is not a rankable metric (one of {', '.join(RANKABLE)})")
+        return value
 
 
 class Case(_Strict):
@@ -106,6 +135,7 @@ class SweepSpec(_Strict):
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     cases: tuple[Case, ...] = ()
     goodput: GoodputSettings | None = None
+    tuning: TuningSettings = TuningSettings()
     figure: dict[str, Any] = Field(default_factory=dict)
     quick: QuickSettings | None = None
     source: str = "<spec>"

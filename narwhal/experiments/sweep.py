@@ -13,6 +13,8 @@ run rows and point rows. :func:`write_sweep` writes, into ``--out``:
   counts, metrics;
 - ``points.csv``: one row per point: parameters, means over replicates, spreads, goodput;
 - ``sweep.json``: the spec as run (after ``--quick`` and ``--seed``), run and request counts;
+- ``recommendation.json``: the setting that beats the baseline with the stated confidence, or
+  null and why (:mod:`narwhal.experiments.recommendation`);
 - ``<recipe>*.png`` with ``<recipe>*.csv``: the recipe's figures, each with what it draws.
 
 While it runs, ``runs.journal.jsonl`` holds every finished run (see
@@ -32,6 +34,7 @@ from narwhal.experiments.backends import execute
 from narwhal.experiments.journal import JOURNAL_NAME, Journal, load_journal
 from narwhal.experiments.plan import Plan, build_plan
 from narwhal.experiments.recipes import RECIPES
+from narwhal.experiments.recommendation import as_json, recommend
 from narwhal.experiments.spec_model import SweepSpec
 from narwhal.experiments.worker import ERROR_PREFIX, METRIC_FIELDS, RunOutcome
 
@@ -189,6 +192,10 @@ def write_sweep(result: SweepResult, out: Path, *, figures: bool = True) -> list
     meta = json.dumps(describe(result), indent=2, sort_keys=True, default=str) + "\n"
     (out / "sweep.json").write_text(meta, "utf-8")
     written.append(out / "sweep.json")
+    advice = as_json(result, recommend(result))
+    text = json.dumps(advice, indent=2, sort_keys=True, default=str) + "\n"
+    (out / "recommendation.json").write_text(text, "utf-8")
+    written.append(out / "recommendation.json")
     if figures and result.spec.sweep.recipe is not None:
         from narwhal.experiments.figures import draw  # matplotlib: only when drawing
 

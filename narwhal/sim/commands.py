@@ -57,6 +57,7 @@ def _simulate(args: argparse.Namespace) -> int:
         return 2
     from tqdm import tqdm
 
+    from narwhal.sim.faults import describe
     from narwhal.sim.results import record_rows, summarize, table, write
     from narwhal.sim.runner import run
 
@@ -90,6 +91,12 @@ def _simulate(args: argparse.Namespace) -> int:
         f"\n{len(result.records)} requests simulated in {result.wall_s:.1f} s wall "
         f"({rate:,.0f} req/s); results in {out}/"
     )
+    for fault in result.unrun_faults:
+        print(
+            f"narwhal simulate: warning: the fault {describe(fault)} never happened: the run "
+            f"ended at {result.sim_end_s:g} s (it is not in faults.csv)",
+            file=sys.stderr,
+        )
     if summary["unfinished"]:
         print(
             f"narwhal simulate: warning: {summary['unfinished']} of {summary['requests']} requests "

@@ -157,7 +157,9 @@ def targets(spec: FaultSpec, roles: dict[str, str]) -> list[str]:
     if spec.engine is not None:
         role = roles.get(spec.engine)
         if role is None:
-            raise ValueError(f"engine {spec.engine!r} is not in the fleet")
+            raise ValueError(
+                f"engine {spec.engine!r} is not in the fleet (its engines: {', '.join(roles)})"
+            )
         if role not in able:
             raise ValueError(
                 f"{spec.kind!r} does nothing on {spec.engine} (role {role}); it needs an engine "
@@ -173,6 +175,20 @@ def targets(spec: FaultSpec, roles: dict[str, str]) -> list[str]:
     if spec.at_s is not None and spec.count > len(found):
         raise ValueError(f"count = {spec.count}, but the fleet has {len(found)} such engines")
     return found
+
+
+def past_the_end(specs: list[FaultSpec], end_s: float) -> list[FaultSpec]:
+    """The scheduled faults (``at_s``) that start at or after ``end_s``: in a run that ended
+    then, they never happened (rate faults are drawn over a horizon, and their draws past the
+    end are simply the future the run did not reach)."""
+    return [spec for spec in specs if spec.at_s is not None and spec.at_s >= end_s]
+
+
+def describe(spec: FaultSpec) -> str:
+    """A fault entry in a few words, for warnings: ``crash on http://sim-d0 at 300 s``."""
+    target = spec.engine or f"{spec.count} {spec.role or 'any'} engine(s)"
+    when = f"at {spec.at_s:g} s" if spec.at_s is not None else f"{spec.rate_per_hour:g}/h"
+    return f"{spec.kind} on {target} {when}"
 
 
 def expand(

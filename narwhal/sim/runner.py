@@ -33,7 +33,7 @@ from narwhal.core.probe import maintenance_loop
 from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.requests import CHAT, COMPLETIONS, ClientRequest
 from narwhal.sim.driver import SINK, make_ports, start
-from narwhal.sim.faults import FaultWindow, expand, install
+from narwhal.sim.faults import FaultSpec, FaultWindow, expand, install, past_the_end
 from narwhal.sim.gpu.engine import SimEngine
 from narwhal.sim.gpu.handoffs import Registry
 from narwhal.sim.gpu.prefix import prompt_text
@@ -66,6 +66,8 @@ class RunResult:
     replica_ejections: list[int] = field(default_factory=list)  # per replica, with several
     wall_s: float = field(default=0.0, compare=False)  # not part of the written results
     policy_seed: int = 0  # the router's seed (``Policies(seed=...)``) derived from ``seed``
+    # scheduled faults the run ended before (they never happened: callers warn about them)
+    unrun_faults: list[FaultSpec] = field(default_factory=list)
 
 
 def run(
@@ -206,6 +208,7 @@ def run(
     stopped = True
     end = float(env.now)
     windows = [w for w in windows if w.start < end]  # those past the end never happened
+    unrun = past_the_end(list(scenario.faults), end)
     totals = {
         url: {
             "role": roles[url],
@@ -233,6 +236,7 @@ def run(
         delivered={rid: n for e in engines.values() for rid, n in e.totals.delivered.items()},
         wall_s=time.perf_counter() - wall_start,
         policy_seed=policy_seed,
+        unrun_faults=unrun,
         replica_of=replicas.replica_of,
         replica_ejections=[
             sum(p.breaker.health(url).times_ejected for url in engines) for p in replicas.members

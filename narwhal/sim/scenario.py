@@ -464,6 +464,15 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
                 targets(spec, roles)
             except ValueError as error:
                 problems.append(f"  faults[{i}]: {error}")
+    workload = parts.get("workload")
+    if isinstance(workload, WorkloadSettings) and workload.duration_s is not None:
+        for i, spec in enumerate(faults):
+            if spec.at_s is not None and spec.at_s >= workload.duration_s:
+                problems.append(
+                    f"  faults[{i}].at_s: {spec.at_s:g} s is not before the workload's end "
+                    f"(workload.duration_s = {workload.duration_s:g} s): the fault could not "
+                    "take effect in the run"
+                )
     if problems or router is None:
         raise ScenarioError("\n".join([f"invalid scenario in {source}:", *problems]))
     return Scenario(

@@ -34,17 +34,18 @@ def _seeds(grid: dict[str, list[Any]], **sweep: Any) -> dict[tuple[str, int], in
 
 
 def test_adding_an_axis_value_keeps_the_other_seeds() -> None:
-    small = _seeds({"recovery.eject_after": [1, 3]})
-    large = _seeds({"recovery.eject_after": [1, 2, 3]})
+    small = _seeds({"recovery.eject_after": [1, 3]}, seed_by="point")
+    large = _seeds({"recovery.eject_after": [1, 2, 3]}, seed_by="point")
     assert all(large[key] == seed for key, seed in small.items())
     assert len(set(large.values())) == 6
-    shared = _seeds({"recovery.eject_after": [1, 2, 3]}, seed_by="replicate")
+    shared = _seeds({"recovery.eject_after": [1, 2, 3]})  # by replicate, the default
     assert len(set(shared.values())) == 2
 
 
 def test_goodput_rate_axis_shares_its_points_seed_and_scales_per_engine() -> None:
     spec = parse_spec(
         {
+            "sweep": {"seed_by": "point"},
             "grid": {"fleet.size": [8, 12]},
             "goodput": {"rate_multipliers": [0.5, 1.0], "per_engine": True},
         }

@@ -1,6 +1,5 @@
-"""The ``routing`` recipe's rule: the shipped default stays unless a challenger's goodput beats
-it by more than the tolerance while it loses nowhere (attainment, rejections) by more than the
-loss tolerance; and what the recipe asks of a spec."""
+"""What the ``routing`` recipe asks of a spec (its recommendation, against the case that leaves
+the scenario as it is, is tested in test_recommendation)."""
 
 from __future__ import annotations
 
@@ -8,48 +7,8 @@ from typing import Any
 
 import pytest
 
-from narwhal.experiments.figures.routing import recommend
 from narwhal.experiments.spec import SpecError, load_spec, parse_spec
 from tests.experiments.conftest import EXPERIMENTS
-
-POLICIES = ["least_reserved", "round_robin", "prefix_affinity"]
-FLAT = {p: [95.0, 80.0] for p in POLICIES}  # attainment per rate, equal for all
-NONE = {p: [0.0, 0.0] for p in POLICIES}  # rejections per rate
-
-
-def _pick(goodput: dict[str, float], attainment: Any = FLAT, rejected: Any = NONE) -> str:
-    return recommend(POLICIES, "least_reserved", goodput, attainment, rejected, 5.0, 1.0)
-
-
-def test_a_challenger_must_beat_the_default_by_more_than_the_tolerance() -> None:
-    assert _pick({"least_reserved": 20.0, "round_robin": 21.0, "prefix_affinity": 10.0}) == (
-        "least_reserved"  # exactly 5% better: not more than the tolerance
-    )
-    assert _pick({"least_reserved": 20.0, "round_robin": 21.01, "prefix_affinity": 10.0}) == (
-        "round_robin"
-    )
-    assert _pick({"least_reserved": 0.0, "round_robin": 0.0, "prefix_affinity": 0.0}) == (
-        "least_reserved"  # all below the lowest rate: nothing beats the default
-    )
-
-
-def test_the_best_qualifying_challenger_wins_ties_in_case_order() -> None:
-    best = {"least_reserved": 20.0, "round_robin": 30.0, "prefix_affinity": 40.0}
-    assert _pick(best) == "prefix_affinity"
-    tied = {"least_reserved": 20.0, "round_robin": 30.0, "prefix_affinity": 30.0}
-    assert _pick(tied) == "round_robin"
-
-
-def test_a_loss_past_the_tolerance_at_any_rate_disqualifies() -> None:
-    goodput = {"least_reserved": 20.0, "round_robin": 10.0, "prefix_affinity": 40.0}
-    at_the_edge = {**FLAT, "prefix_affinity": [95.0, 79.0]}  # exactly 1 pp lower at one rate
-    assert _pick(goodput, at_the_edge) == "prefix_affinity"
-    past_it = {**FLAT, "prefix_affinity": [95.0, 78.99]}
-    assert _pick(goodput, past_it) == "least_reserved"
-    rejects_at_the_edge = {**NONE, "prefix_affinity": [0.0, 1.0]}
-    assert _pick(goodput, FLAT, rejects_at_the_edge) == "prefix_affinity"
-    rejects_more = {**NONE, "prefix_affinity": [1.01, 0.0]}
-    assert _pick(goodput, FLAT, rejects_more) == "least_reserved"
 
 
 def test_the_shipped_specs_are_routing_recipes_with_the_core_default() -> None:

@@ -29,17 +29,21 @@ RECIPE_FILES = {
 }
 FIGURE_COLUMNS = {
     "tuning": {"recovery.eject_after", "recovery.failure_quarantine_s", "success_pct",
-               "first_byte_p99_s", "goodput_rps", "recommended"},
+               "first_byte_p99_s", "goodput_rps", "recommended", "baseline",
+               "goodput_rps_vs_baseline", "goodput_rps_vs_baseline_low",
+               "goodput_rps_vs_baseline_high", "success_pct_ci_low", "success_pct_ci_high"},
     "retries_cdf": {"setting", "fraction_of_requests", "first_byte_s"},
     "retries_errors": {"setting", "error_class", "requests_pct"},
     "capacity": {"fleet_size", "pd_ratio", "prefill", "decode", "offered_rps",
-                 "slo_attainment_pct", "goodput_rps", "goodput_per_engine"},
+                 "slo_attainment_pct", "goodput_rps", "goodput_per_engine",
+                 "goodput_rps_ci_low", "goodput_rps_ci_high"},
     "diffuse": {"case", "recovery.max_ejection_percent", "recovery.failure_quarantine_s",
-                "success_pct", "goodput_rps", "no_engine_503s", "recommended", "default"},
+                "success_pct", "goodput_rps", "no_engine_503s", "recommended", "default",
+                "success_pct_ci_half", "goodput_rps_ci_half"},
     "routing": {"policy", "rate_multiplier", "offered_rps", "first_byte_p50_s",
                 "first_byte_p90_s", "tpot_p50_s", "slo_attainment_pct", "rejected_pct",
                 "prefix_cache_hit_rate", "goodput_rps", "goodput_bound", "default",
-                "recommended"},
+                "recommended", "goodput_rps_ci_low", "goodput_rps_ci_high"},
 }  # fmt: skip
 
 
@@ -90,13 +94,21 @@ def test_quick_recipe_writes_csv_and_png(name: str, quick_sweeps: Callable[[str]
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         rows = _read(out / f"{stem}.csv")
         assert rows and FIGURE_COLUMNS[stem] <= set(rows[0])
-    if name == "tuning":  # one cell recommended, none where every cell measured the same
+    advice = json.loads((out / "recommendation.json").read_text("utf-8"))
+    assert {"recommended", "baseline", "confidence", "replicates", "reason"} <= set(advice)
+    assert advice["replicates"] == spec.sweep.replicates
+    if name == "tuning":  # the boxed cell is recommendation.json's, the baseline is marked
         cells = _read(out / "tuning.csv")
-        alike = len({(c["success_pct"], c["first_byte_p99_s"], c["goodput_rps"]) for c in cells})
-        assert sum(c["recommended"] == "True" for c in cells) == (0 if alike == 1 else 1)
-    if name == "diffuse":  # one setting recommended, one the default: a row per case each
+        boxed = [c for c in cells if c["recommended"] == "True"]
+        assert len(boxed) == (0 if advice["recommended"] is None else 1)
+        assert advice["baseline"] == {
+            "recovery.eject_after": 3, "recovery.failure_quarantine_s": 0.0
+        }  # fmt: skip
+        assert [c["baseline"] for c in cells].count("True") == 1
+    picked = advice["recommended"] is not None
+    if name == "diffuse":  # recommendation.json's setting and the default: a row per case each
         rows = _read(out / "diffuse.csv")
-        assert sum(r["recommended"] == "True" for r in rows) == len(spec.cases)
+        assert sum(r["recommended"] == "True" for r in rows) == len(spec.cases) * picked
         default = [r for r in rows if r["default"] == "True"]
         assert len(default) == len(spec.cases)
         assert {r["recovery.max_ejection_percent"] for r in default} == {"50"}
@@ -104,8 +116,9 @@ def test_quick_recipe_writes_csv_and_png(name: str, quick_sweeps: Callable[[str]
         rows = _read(out / "routing.csv")
         rates = len(spec.goodput.rate_multipliers) if spec.goodput else 0
         assert len(rows) == len(spec.cases) * rates
-        assert sum(r["recommended"] == "True" for r in rows) == rates
+        assert sum(r["recommended"] == "True" for r in rows) == rates * picked
         assert {r["policy"] for r in rows if r["default"] == "True"} == {"least_reserved"}
+        assert advice["baseline"] == {"case": "least_reserved"}
         assert all(0.0 <= float(r["prefix_cache_hit_rate"]) <= 1.0 for r in rows)
         hits = {r["policy"]: float(r["prefix_cache_hit_rate"]) for r in rows}
         assert hits["prefix_affinity"] > 0.0  # the workload shares prefixes and caching is on
@@ -122,7 +135,7 @@ def test_processes_give_the_same_results_as_in_process(tiny_spec: Path, tmp_path
     pool = run_sweep(spec, workers=2)
     assert [o.metrics for o in here.outcomes] == [o.metrics for o in pool.outcomes]
     assert here.runs == pool.runs and here.points == pool.points
-    assert len({r["seed"] for r in here.runs}) == 8  # 4 points x 2 replicates, by point
+    assert len({r["seed"] for r in here.runs}) == 2  # seeds by replicate (the default)
     assert _files(here, tmp_path / "a") == _files(pool, tmp_path / "b")  # PNG bytes too
     other = run_sweep(spec, workers=0, seed=8)
     assert other.runs != here.runs
@@ -202,7 +215,8 @@ def test_a_failing_run_in_process_is_reported_like_in_a_pool(
 ) -> None:
     text = tiny_spec.read_text("utf-8")
     broken = tiny_spec.parent / "broken.toml"  # runs, but its scenario fails inside the run
-    broken.write_text(text + '\n[base]\n"workload.duration_s" = 1e-9\n', "utf-8")
+    base = '\n[base]\n"workload.duration_s" = 1e-9\n"faults.0.at_s" = 0.0\n'  # no request
+    broken.write_text(text + base, "utf-8")
     code = main(["sweep", str(broken), "--workers", "0", "--no-progress",
                  "--out", str(tiny_spec.parent / "o")])  # fmt: skip
     assert code == 1

@@ -152,8 +152,10 @@ def test_requests_still_running_when_the_run_stops_are_reported_unfinished(
 
 def test_fault_windows_after_the_end_of_the_run_are_not_counted() -> None:
     late = {"kind": "crash", "engine": "http://sim-p0", "at_s": 500.0, "duration_s": 1.0}
-    result = run(scenario(faults=[late], workload={"duration_s": 1.0}))
+    counted = {"duration_s": None, "max_requests": 10}  # at_s past duration_s is refused
+    result = run(scenario(faults=[late], workload=counted))
     assert result.sim_end_s < 500.0 and result.fault_windows == []
+    assert [f.at_s for f in result.unrun_faults] == [500.0]
     assert summarize(result)["fault_windows"] == 0
 
 

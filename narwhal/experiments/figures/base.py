@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from narwhal.experiments.aggregate import csv_text
+from narwhal.experiments.aggregate import csv_text, unrun_faults
 
 if TYPE_CHECKING:
     from narwhal.experiments.aggregate import SweepResult
@@ -110,11 +110,13 @@ def add_footer(
 
 
 def fault_note(result: SweepResult) -> str:
-    """The fault mix of the first run, in words."""
+    """The fault mix of the first run, in words; a scheduled fault that runs ended before is
+    marked as not run (in how many runs), never listed as if it happened."""
     if not result.plan.tasks:
         return "no faults"
+    unrun = {index: (missed, total) for index, _, missed, total in unrun_faults(result)}
     parts = []
-    for fault in result.plan.tasks[0].scenario.get("faults", []):
+    for index, fault in enumerate(result.plan.tasks[0].scenario.get("faults", [])):
         target = fault.get("engine") or fault.get("role", "any")
         when = (
             f"{fault['rate_per_hour']:g}/h/engine"
@@ -126,5 +128,13 @@ def fault_note(result: SweepResult) -> str:
             extra = f" p={fault['probability']:g}"
         if fault.get("kind") == "slow":
             extra = f" x{fault.get('factor', 3.0):g}"
-        parts.append(f"{fault['kind']} ({target}, {when}, {fault.get('duration_s', 30):g}s{extra})")
+        text = f"{fault['kind']} ({target}, {when}, {fault.get('duration_s', 30):g}s{extra})"
+        if index in unrun:
+            missed, total = unrun[index]
+            text += (
+                " NOT RUN: every run ended first"
+                if missed == total
+                else f" (not run in {missed} of {total} runs: they ended first)"
+            )
+        parts.append(text)
     return "faults: " + ("; ".join(parts) if parts else "none")

@@ -9,13 +9,14 @@ rate*".
 
 Theory of operation: the spec's grid has the ``size`` and ``ratio`` axes (by default the
 derived keys ``fleet.size`` and ``fleet.pd_ratio``) and a ``[goodput]`` rate axis. The left
-panel draws each ratio's goodput against fleet size (error bars: spread over replicates,
+panel draws each ratio's goodput against fleet size (error bars: the half-width of the Student t
+interval, at ``[tuning] confidence``, of the mean per-replicate goodput crossing,
 labels: goodput per engine, pushed apart so they never overprint; a point whose goodput lies
 below the lowest rate tried is an open downward triangle at that rate, its upper bound). The
 right panel shows where those numbers come from: attainment
 against offered load per engine for every ratio at the largest fleet, with the 90% bar.
 ``capacity.csv`` has one row per (size, ratio, rate) with the mean attainment and the point's
-goodput.
+goodput with that interval (``goodput_rps_ci_low``, ``goodput_rps_ci_high``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ MARKERS = "osD^vP*X"
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def _half_width(point: dict[str, Any]) -> float:
+    """Half the goodput interval's width (0 where there is none: fewer than 2 replicates)."""
+    low, high = point.get("goodput_rps_ci_low"), point.get("goodput_rps_ci_high")
+    return 0.0 if low is None or high is None else (high - low) / 2.0
 
 
 def _step(sizes: list[Any]) -> float:
@@ -102,6 +109,8 @@ def draw(result: SweepResult, options: CapacityOptions, out: Path) -> list[Path]
                     "success_pct": _mean([r["success_pct"] for r in runs]),
                     "goodput_rps": summary["goodput_rps"],
                     "goodput_rps_sd": summary["goodput_rps_sd"],
+                    "goodput_rps_ci_low": summary.get("goodput_rps_ci_low"),
+                    "goodput_rps_ci_high": summary.get("goodput_rps_ci_high"),
                     "goodput_per_engine": summary["goodput_per_engine"],
                     "goodput_bound": summary["goodput_bound"],
                 }
@@ -115,7 +124,7 @@ def draw(result: SweepResult, options: CapacityOptions, out: Path) -> list[Path]
         xs = [p[options.size] for p in mine]
         ys = [p["goodput_rps"] or 0.0 for p in mine]
         below = [p["goodput_bound"] == "below" for p in mine]
-        spread = [p["goodput_rps_sd"] or 0.0 for p in mine]
+        spread = [_half_width(p) for p in mine]
         errors = [[min(s, y) for s, y in zip(spread, ys, strict=True)], spread]  # not below 0
         marker = MARKERS[r % len(MARKERS)]
         known = [math.nan if b else y for y, b in zip(ys, below, strict=True)]
@@ -130,9 +139,7 @@ def draw(result: SweepResult, options: CapacityOptions, out: Path) -> list[Path]
             elif is_below:
                 # goodput is somewhere under the lowest rate tried: drawn at that rate (an
                 # upper bound, open downward triangle), never at 0, and not joined to the line
-                tried = [
-                    row for row in rows if row["fleet_size"] == x and row["pd_ratio"] == ratio
-                ]
+                tried = [row for row in rows if row["fleet_size"] == x and row["pd_ratio"] == ratio]
                 lowest = min(tried, key=lambda row: row["offered_rps"])
                 y = lowest["offered_rps"]
                 left.plot([x], [y], marker="v", ms=8, mfc="none", color=f"C{r}", ls="none")
@@ -176,6 +183,11 @@ def draw(result: SweepResult, options: CapacityOptions, out: Path) -> list[Path]
         f"TPOT {sim.get('slo_tpot_s', 0.1):g} s, with faults",
         fontsize=11,
     )
-    add_footer(fig, result, width=185)
+    confidence = spec.tuning.confidence
+    note = (
+        f"Error bars: {confidence:.0%} Student t interval of the mean of the per-replicate "
+        "goodput crossings (half-width, drawn about the goodput of the mean curve)."
+    )
+    add_footer(fig, result, width=185, lead=(note,))
     _place_labels(left, labels)  # after the layout is final
     return save_figure(fig, out, "capacity", list(rows[0]) if rows else ["fleet_size"], rows)

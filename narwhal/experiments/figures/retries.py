@@ -3,7 +3,9 @@
 Rule kept here: the CDF is over *all* requests, pooled over replicates: a request that failed
 never got its first byte, so each curve levels off at that setting's success rate and the gap
 to 1 is what the setting lost. The error breakdown is the mean share of requests (over
-replicates) that ended in each error class (the core's fault kinds), stacked per setting.
+replicates) that ended in each error class (the core's fault kinds), stacked per setting, its
+total labelled with the t interval over replicates (``[tuning] confidence``) of the share
+failed (``failed_pct_ci_low``/``_high`` in ``retries_errors.csv``).
 
 Theory of operation: each point (a case label, or the point's parameters) is one setting. The
 workers return the sorted ``first_byte_s`` of every successful request
@@ -36,6 +38,15 @@ CLASS_COLOURS = [
     "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
     "#7f7f7f", "#bcbd22", "#17becf", "#1f77b4", "#2ca02c",
 ]  # fmt: skip
+
+
+def _failed_interval(point: dict[str, Any]) -> dict[str, float | None]:
+    """The share of requests failed with its t interval over replicates (from success's)."""
+    low, high = point.get("success_pct_ci_low"), point.get("success_pct_ci_high")
+    return {
+        "failed_pct_ci_low": None if high is None else 100.0 - high,
+        "failed_pct_ci_high": None if low is None else 100.0 - low,
+    }
 
 
 def _label(point: Any) -> str:
@@ -107,6 +118,7 @@ def draw(result: SweepResult, options: RetriesOptions, out: Path) -> list[Path]:
                     "mean_count": row.get(key) or 0.0,
                     "mean_requests": row["requests"],
                     "mean_retried_requests": row["retried_requests"],
+                    **_failed_interval(row),
                 }
             )
         ax.bar(
@@ -120,12 +132,18 @@ def draw(result: SweepResult, options: RetriesOptions, out: Path) -> list[Path]:
     if not classes:
         error_rows += [
             {"setting": label, "error_class": "none", "requests_pct": 0.0, "mean_count": 0.0,
-             "mean_requests": row["requests"], "mean_retried_requests": row["retried_requests"]}
+             "mean_requests": row["requests"], "mean_retried_requests": row["retried_requests"],
+             **_failed_interval(row)}
             for label, row in zip(labels, result.points, strict=True)
         ]  # fmt: skip
     for i, row in enumerate(result.points):
+        failed = _failed_interval(row)
+        span = ""
+        if failed["failed_pct_ci_low"] is not None:
+            span = f" [{failed['failed_pct_ci_low']:.2f}, {failed['failed_pct_ci_high']:.2f}]"
         ax.annotate(
-            f"{100 - row['success_pct']:.2f}% failed\n{row['retried_requests']:.0f} retried",
+            f"{100 - row['success_pct']:.2f}% failed{span}\n"
+            f"{row['retried_requests']:.0f} retried",
             (i, bottoms[i]),
             ha="center",
             va="bottom",
@@ -153,6 +171,8 @@ def draw(result: SweepResult, options: RetriesOptions, out: Path) -> list[Path]:
             "mean_count",
             "mean_requests",
             "mean_retried_requests",
+            "failed_pct_ci_low",
+            "failed_pct_ci_high",
         ],
         error_rows,
     )

@@ -1,13 +1,12 @@
 """The ``routing`` recipe: routing policies compared across offered load, one line per policy.
 
-Rule kept here: the shipped default policy stays recommended unless a challenger wins clearly
-and loses nowhere. A challenger qualifies when, at *every* offered rate, its SLO attainment is
-no more than ``loss_tolerance_pp`` below the default's and its rejection rate (503s) no more
-than ``loss_tolerance_pp`` above it; of the qualifiers, the one with the highest goodput is
-recommended if that goodput is more than ``goodput_tolerance_pct`` above the default's
-(strictly), ties going to the earlier case. Goodput and attainment are DistServe's (Zhong et
-al., OSDI 2024: on time = succeeded with ``first_byte_s <= slo_ttft_s`` and TPOT ``<=
-slo_tpot_s``; goodput = the highest rate with >= 90% on time), from
+Rule kept here: the figure draws the sweep's one recommendation
+(:mod:`narwhal.experiments.recommendation`): the baseline is the case that leaves the scenario
+as it is (the shipped default policy), and a challenger is recommended only when its goodput
+beats the baseline's by the stated confidence (paired over replicates) and it is not worse on
+success or p99 ``first_byte_s``; otherwise none is, and the default stays. Goodput and
+attainment are DistServe's (Zhong et al., OSDI 2024: on time = succeeded with ``first_byte_s <=
+slo_ttft_s`` and TPOT ``<= slo_tpot_s``; goodput = the highest rate with >= 90% on time), from
 :func:`narwhal.experiments.aggregate.point_rows`.
 
 Theory of operation: each ``[[cases]]`` entry is one policy setting (``routing.prefill`` and
@@ -22,12 +21,14 @@ goodput and whether the case is the default or recommended.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from narwhal.experiments.figures.base import add_footer, pyplot, save_figure
 from narwhal.experiments.recipes import RoutingOptions
+from narwhal.experiments.recommendation import recommend
 
 if TYPE_CHECKING:
     from narwhal.experiments.aggregate import SweepResult
@@ -44,34 +45,6 @@ CURVE_METRICS = (
     "rejected_pct",
     "prefix_cache_hit_rate",
 )
-
-
-def recommend(
-    policies: list[str],
-    default: str,
-    goodput: dict[str, float],
-    attainment: dict[str, list[float]],
-    rejected: dict[str, list[float]],
-    goodput_tolerance_pct: float,
-    loss_tolerance_pp: float,
-) -> str:
-    """The recommended policy (the module's rule); ``attainment`` and ``rejected`` list one mean
-    per offered rate, in the same rate order for every policy."""
-
-    def loses_nowhere(policy: str) -> bool:
-        pairs = zip(attainment[policy], attainment[default], strict=True)
-        if any(mine < theirs - loss_tolerance_pp for mine, theirs in pairs):
-            return False
-        pairs = zip(rejected[policy], rejected[default], strict=True)
-        return all(mine <= theirs + loss_tolerance_pp for mine, theirs in pairs)
-
-    bar = goodput[default] * (100.0 + goodput_tolerance_pct)
-    challengers = [
-        p for p in policies if p != default and loses_nowhere(p) and goodput[p] * 100.0 > bar
-    ]
-    if not challengers:
-        return default
-    return max(challengers, key=lambda p: (goodput[p], -policies.index(p)))
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -94,6 +67,8 @@ def curve_rows(result: SweepResult) -> list[dict[str, Any]]:
             for key in CURVE_METRICS:
                 row[key] = _mean([r[key] for r in runs])
             row["goodput_rps"] = summary["goodput_rps"]
+            row["goodput_rps_ci_low"] = summary.get("goodput_rps_ci_low")
+            row["goodput_rps_ci_high"] = summary.get("goodput_rps_ci_high")
             row["goodput_bound"] = summary["goodput_bound"]
             rows.append(row)
     return rows
@@ -124,18 +99,10 @@ def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
     policies = [case.label for case in spec.cases]
     rows = curve_rows(result)
     mine = {p: [r for r in rows if r["policy"] == p] for p in policies}
-    goodput = {p: float(mine[p][0]["goodput_rps"] or 0.0) for p in policies}
-    attainment = {p: [r["slo_attainment_pct"] or 0.0 for r in mine[p]] for p in policies}
-    rejected = {p: [r["rejected_pct"] or 0.0 for r in mine[p]] for p in policies}
-    chosen = recommend(
-        policies,
-        options.default,
-        goodput,
-        attainment,
-        rejected,
-        options.goodput_tolerance_pct,
-        options.loss_tolerance_pp,
-    )
+    advice = recommend(result)
+    chosen: str | None = None
+    if advice.recommended_index is not None:
+        chosen = str(advice.settings[advice.recommended_index]["case"])
     for row in rows:
         row["default"] = row["policy"] == options.default
         row["recommended"] = row["policy"] == chosen
@@ -178,8 +145,20 @@ def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
 
     bars = axes[1][2]
     ys = list(range(len(policies)))[::-1]
+    goodput = {p: float(mine[p][0]["goodput_rps"] or 0.0) for p in policies}
     values = [goodput[p] for p in policies]
-    bars.barh(ys, values, color=[f"C{i}" for i in range(len(policies))], alpha=0.85)
+    halves = []
+    for p in policies:
+        low, high = mine[p][0]["goodput_rps_ci_low"], mine[p][0]["goodput_rps_ci_high"]
+        halves.append(0.0 if low is None or high is None else (high - low) / 2.0)
+    bars.barh(
+        ys,
+        values,
+        xerr=halves,
+        capsize=3,
+        color=[f"C{i}" for i in range(len(policies))],
+        alpha=0.85,
+    )
     names = [p + (" (default)" if p == options.default else "") for p in policies]
     bars.set_yticks(ys, names, fontsize=8.5)
     for y, policy, value in zip(ys, policies, values, strict=True):
@@ -189,6 +168,10 @@ def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
             text = f">={value:.1f}"  # no rate tried missed the bar
         elif lowest["goodput_bound"] == "below":
             text = f"<{lowest['offered_rps'] or 0.0:.1f}"  # even the lowest rate missed it
+        setting = advice.index_of({"case": policy})
+        paired = None if setting is None else advice.difference(setting, "goodput_rps")
+        if paired is not None and not math.isnan(paired.low):
+            text += f"  d{paired.mean:+.1f} [{paired.low:+.1f}, {paired.high:+.1f}]"
         bars.annotate(
             text, (value, y), xytext=(9, 0), textcoords="offset points", va="center", fontsize=8
         )
@@ -197,24 +180,29 @@ def draw(result: SweepResult, options: RoutingOptions, out: Path) -> list[Path]:
     bars.set_xlabel("goodput (req/s with >= 90% on time)", fontsize=8.5)
     bars.set_title("goodput (DistServe) per policy; red ring: recommended", fontsize=9.5)
     bars.grid(True, axis="x", alpha=0.3)
-    bars.set_xlim(0, max([*values, 1e-9]) * 1.3)
+    bars.set_xlim(0, max([*(v + h for v, h in zip(values, halves, strict=True)), 1e-9]) * 1.6)
 
     first = result.plan.tasks[0].scenario if result.plan.tasks else {}
     sim = first.get("sim", {})
     fig.suptitle(
         f"{spec.sweep.name}: routing policies across offered load ({_workload_title(result)}), "
         f"SLO TTFT {sim.get('slo_ttft_s', 2.0):g} s / TPOT {sim.get('slo_tpot_s', 0.1):g} s\n"
-        f"Recommended: {chosen}; shipped default: {options.default}",
+        f"Recommended: {chosen or 'none (no policy is distinguishable from the baseline)'}; "
+        f"shipped default: {options.default}",
         fontsize=10.5,
     )
+    confidence = spec.tuning.confidence
     rule = (
-        f"Rule: the default stays unless a policy's goodput beats it by more than "
-        f"{options.goodput_tolerance_pct:g}% while its attainment is never more than "
-        f"{options.loss_tolerance_pp:g} pp lower nor its rejection rate more than "
-        f"{options.loss_tolerance_pp:g} pp higher at any offered rate. Lines: means over "
-        "replicates at each rate. " + _case_note(result)
+        f"Recommendation (recommendation.json): a policy is recommended only if better than the "
+        f"baseline on {advice.metrics[0].name} by a {confidence:.0%} simultaneous paired t "
+        f"interval and not worse on {', '.join(m.name for m in advice.metrics[1:])}. Verdict: "
+        f"{advice.reason}. Lines: means over replicates at each rate; goodput bars: "
+        f"{confidence:.0%} t interval of the per-replicate crossings; d [low, high]: the "
+        "difference from the baseline with its simultaneous paired interval (the one that "
+        "decides). " + _case_note(result)
     )
     add_footer(fig, result, width=190, lead=(rule,), line_height=0.022, top=0.93)
     fields = ["policy", "rate_multiplier", *CURVE_METRICS]
-    fields += ["goodput_rps", "goodput_bound", "default", "recommended"]
+    fields += ["goodput_rps", "goodput_rps_ci_low", "goodput_rps_ci_high", "goodput_bound"]
+    fields += ["default", "recommended"]
     return save_figure(fig, out, "routing", fields, rows)
