@@ -172,10 +172,20 @@ class Breaker:
     def panic_threshold_percent(self) -> int:
         return self._recovery.panic_threshold_percent
 
-    def is_member(self, url: str) -> bool:
-        """True when the engine belongs to the fleet's roles now (not joining, not draining)."""
-        engine = self._engines[url]
-        return not engine.draining and engine.eject_reason != JOINING_REASON
+    def in_service_share(self, urls: list[str]) -> tuple[int, int]:
+        """(engines in service, members) among ``urls``: members are neither joining nor
+        draining; in service, not ejected and not being probed (what the panic threshold
+        compares)."""
+        serving = members = 0
+        engines = self._engines
+        for url in urls:
+            engine = engines[url]
+            if engine.draining or engine.eject_reason == JOINING_REASON:
+                continue
+            members += 1
+            if not engine.probing and engine.ejected_since is None:
+                serving += 1
+        return serving, members
 
     def may_serve_in_panic(self, url: str) -> bool:
         """True when the engine is a member that no health check has found down (a joining,

@@ -157,15 +157,16 @@ class Placement:
         threshold = breaker.panic_threshold_percent
         if threshold == 0:
             return []
-        members = [url for url in self._serving[phase] if breaker.may_serve_in_panic(url)]
-        joined = [url for url in self._serving[phase] if breaker.is_member(url)]
-        serving = sum(1 for url in joined if breaker.in_service(url))
-        panic = bool(members) and 100 * serving < threshold * len(joined)
+        urls = self._serving[phase]
+        serving, joined = breaker.in_service_share(urls)
+        panic = 100 * serving < threshold * joined
+        members = [url for url in urls if breaker.may_serve_in_panic(url)] if panic else []
+        panic = bool(members)
         if panic != self._panicking[phase]:
             self._panicking[phase] = panic
             kind = "panic" if panic else "panic_end"
-            self._log.add(now, kind, None, phase=phase, in_service=serving, engines=len(joined))
-        return members if panic else []
+            self._log.add(now, kind, None, phase=phase, in_service=serving, engines=joined)
+        return members
 
     def falls_back(self, phase: str, now: float) -> bool:
         """Whether ``phase`` has no ready engine but a quarantined one to fall back on."""

@@ -49,6 +49,15 @@ def to_json(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def json_string(text: str) -> bytes:
+    """``text`` as a JSON string, byte for byte what :func:`to_json` writes. Printable ASCII
+    without a quote or a backslash (nearly every token and id) needs no escape and is written
+    as it is; anything else goes through the encoder (a chunk's text is encoded per chunk)."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return b'"' + text.encode() + b'"'
+    return to_json(text)
+
+
 def sse_event(payload: bytes) -> bytes:
     """One SSE event carrying ``payload`` (JSON text) as its data field."""
     return b"data: " + payload + b"\n\n"
@@ -121,10 +130,18 @@ class ChunkWriter:
     def __init__(self, response_id: str, model: str, created: int, *, chat: bool) -> None:
         self.chat = chat
         self._object = "chat.completion.chunk" if chat else "text_completion"
-        head = to_json(
-            {"id": response_id, "object": self._object, "created": created, "model": model}
+        # to_json({"id", "object", "created", "model"}) with the object still open: chunks
+        # append their own fields
+        self._head = (
+            b'{"id":'
+            + json_string(response_id)
+            + b',"object":"'
+            + self._object.encode()
+            + b'","created":'
+            + str(created).encode()
+            + b',"model":'
+            + json_string(model)
         )
-        self._head = head[:-1]  # the object still open: chunks append their own fields
         self._prefix = b"data: " + self._head + b',"choices":[{"index":0,'
 
     def role_chunk(self) -> bytes:
@@ -137,8 +154,8 @@ class ChunkWriter:
 
     def token_chunk(self, text: str, finish_reason: str | None = None) -> bytes:
         """A chunk carrying generated ``text``; ``finish_reason`` on the last one."""
-        encoded = to_json(text)
-        finish = b"null" if finish_reason is None else to_json(finish_reason)
+        encoded = json_string(text)
+        finish = b"null" if finish_reason is None else json_string(finish_reason)
         if self.chat:
             return (
                 self._prefix

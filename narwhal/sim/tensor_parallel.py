@@ -53,6 +53,10 @@ class TensorParallelStep:
     def kv_bytes_per_token(self) -> int:
         return self.shard.kv_bytes_per_token
 
+    @property
+    def reads_longest_context(self) -> bool:
+        return self.shard.reads_longest_context
+
     def allreduce_step_s(self, tokens: int) -> float:
         return self.fixed_s + self.per_token_s * tokens
 

@@ -61,6 +61,10 @@ class StepModel:
     kv_bytes_per_token: int
     layers: int
 
+    @property
+    def reads_longest_context(self) -> bool:
+        return False
+
     def step_s(self, batch_tokens: int, decode_context: int, prefill_pairs: float) -> float:
         linear = self.base_s + self.per_token_s * batch_tokens
         if linear < self.floor_s:
@@ -88,6 +92,12 @@ class StepTiming(Protocol):
 
     @property
     def kv_bytes_per_token(self) -> int: ...
+
+    @property
+    def reads_longest_context(self) -> bool:
+        """Whether :meth:`batch_s` reads ``longest_context`` (else the engine need not track
+        it)."""
+        ...
 
     def batch_s(
         self,
@@ -146,6 +156,10 @@ class LinearStepTiming:
         if prefill_tokens > 0:
             step += self.overhead_s + self.prefill_s_per_token * prefill_tokens
         return step
+
+    @property
+    def reads_longest_context(self) -> bool:
+        return False
 
     def link_bandwidth_gbps(self) -> float:
         """A link bandwidth (GB/s) that moves one token's KV in ``kv_s_per_token``."""

@@ -129,8 +129,10 @@ class Scheduler:
         self.transferring = 0
         self.pulled: deque[Seq] = deque()  # pulls done, waiting for room in the batch
         self.ctx_base = 0  # the decode batch's total context at step s: ctx_base + len * s
-        # (-(c0 - j), id, run, seq) of every decode that joined: the longest context on top
+        # (-(c0 - j), id, run, seq) of every decode that joined: the longest context on top;
+        # kept only for a timing that reads it
         self.longest: list[tuple[int, int, int, Seq]] = []
+        self.tracks_longest = timing.reads_longest_context
         self.it = 0  # the next step's number
         self.block_due: Due = {}
         self.out_due: Due = {}
@@ -214,7 +216,7 @@ class Scheduler:
             return None
         decodes = len(self.decoding)
         context = self.ctx_base + decodes * step
-        longest = self._longest_context(step) if decodes > 1 else 0
+        longest = self._longest_context(step) if decodes > 1 and self.tracks_longest else 0
         dt = self.timing.batch_s(decodes, tokens - decodes, context, pairs, len(chunks), longest)
         dt = self.cost.seconds(dt, decodes + len(chunks), tokens, self.rng)
         return dt * self.switches.slow, chunks
@@ -350,7 +352,8 @@ class Scheduler:
         seq.c0 = c0 = seq.prompt + seq.gen
         self.decoding[seq] = None
         self.ctx_base += c0 - step
-        heapq.heappush(self.longest, (step - c0, seq.id, seq.run, seq))
+        if self.tracks_longest:
+            heapq.heappush(self.longest, (step - c0, seq.id, seq.run, seq))
         finish = step + remaining - 1
         _file(self.out_due, finish, seq)
         if seq.emitted == 0 or seq.fault is not None:

@@ -114,6 +114,10 @@ class OperatorStepTiming:
     def kv_bytes_per_token(self) -> int:
         return self._kv_bytes_per_token
 
+    @property
+    def reads_longest_context(self) -> bool:
+        return self.skew_alpha > 0
+
     def padded(self, tokens: int) -> int:
         """The batch size a CUDA graph runs ``tokens`` at (``tokens`` itself when eager)."""
         if tokens > self.graph_max:
