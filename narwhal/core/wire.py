@@ -44,9 +44,12 @@ ERROR_TYPES: Mapping[int, str] = {
 """vLLM's error ``type`` by status; others fall back to :func:`error_type`'s rule."""
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # one, not one a call
+
+
 def to_json(value: object) -> bytes:
     """Compact JSON, as vLLM's server writes it (no spaces; non-ASCII kept as UTF-8)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def json_string(text: str) -> bytes:
