@@ -57,13 +57,13 @@ def json_string(text: str) -> bytes:
     without a quote or a backslash (nearly every token and id) needs no escape and is written
     as it is; anything else goes through the encoder (a chunk's text is encoded per chunk)."""
     if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
-        return b'"' + text.encode() + b'"'
+        return b"".join((b'"', text.encode(), b'"'))
     return to_json(text)
 
 
 def sse_event(payload: bytes) -> bytes:
     """One SSE event carrying ``payload`` (JSON text) as its data field."""
-    return b"data: " + payload + b"\n\n"
+    return b"".join((b"data: ", payload, b"\n\n"))
 
 
 def error_type(status: int) -> str:
@@ -135,24 +135,28 @@ class ChunkWriter:
         self._object = "chat.completion.chunk" if chat else "text_completion"
         # to_json({"id", "object", "created", "model"}) with the object still open: chunks
         # append their own fields
-        self._head = (
-            b'{"id":'
-            + json_string(response_id)
-            + b',"object":"'
-            + self._object.encode()
-            + b'","created":'
-            + str(created).encode()
-            + b',"model":'
-            + json_string(model)
+        self._head = b"".join(
+            (
+                b'{"id":',
+                json_string(response_id),
+                b',"object":"',
+                self._object.encode(),
+                b'","created":',
+                str(created).encode(),
+                b',"model":',
+                json_string(model),
+            )
         )
-        self._prefix = b"data: " + self._head + b',"choices":[{"index":0,'
+        self._prefix = b"".join((b"data: ", self._head, b',"choices":[{"index":0,'))
 
     def role_chunk(self) -> bytes:
         """A chat stream's first chunk: the assistant's role and no content (not a token)."""
-        return (
-            self._prefix
-            + b'"delta":{"role":"assistant","content":""},"logprobs":null,'
-            + b'"finish_reason":null}]}\n\n'
+        return b"".join(
+            (
+                self._prefix,
+                b'"delta":{"role":"assistant","content":""},"logprobs":null,',
+                b'"finish_reason":null}]}\n\n',
+            )
         )
 
     def token_chunk(self, text: str, finish_reason: str | None = None) -> bytes:
@@ -160,33 +164,21 @@ class ChunkWriter:
         encoded = json_string(text)
         finish = b"null" if finish_reason is None else json_string(finish_reason)
         if self.chat:
-            return (
-                self._prefix
-                + b'"delta":{"content":'
-                + encoded
-                + b'},"logprobs":null,"finish_reason":'
-                + finish
-                + b"}]}\n\n"
+            parts = (b'"delta":{"content":', b'},"logprobs":null,"finish_reason":', b"}]}\n\n")
+        else:
+            parts = (
+                b'"text":',
+                b',"logprobs":null,"finish_reason":',
+                b',"stop_reason":null}]}\n\n',
             )
-        return (
-            self._prefix
-            + b'"text":'
-            + encoded
-            + b',"logprobs":null,"finish_reason":'
-            + finish
-            + b',"stop_reason":null}]}\n\n'
-        )
+        return b"".join((self._prefix, parts[0], encoded, parts[1], finish, parts[2]))
 
     def usage_chunk(
         self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
     ) -> bytes:
         """The usage chunk sent before ``[DONE]`` when the client asked for usage."""
-        return sse_event(
-            self._head
-            + b',"choices":[],"usage":'
-            + to_json(usage(prompt_tokens, completion_tokens, cached_tokens))
-            + b"}"
-        )
+        body = to_json(usage(prompt_tokens, completion_tokens, cached_tokens))
+        return sse_event(b"".join((self._head, b',"choices":[],"usage":', body, b"}")))
 
 
 def completion_reply(
