@@ -112,3 +112,21 @@ SILENT_AFTER_TOKEN = Decode(items=((0.01, token("A")),), end="hang")
 def charged_engines(out: Outcome) -> set[str]:
     """The engines the request left with a failure streak."""
     return {u for u, n in streaks(out).items() if n > 0}
+
+
+def serve_many(
+    cfg: Any, scripts: dict[str, list[Any]], n: int, *, stream: bool = True
+) -> tuple[list[Any], Policies]:
+    """``n`` requests one after another through one router; their client statuses."""
+    clock = VirtualClock()
+    transport = ScriptedTransport(clock, scripts)
+    policies = Policies(cfg, seed=1)
+    statuses = []
+    for i in range(n):
+        sink = RecordingSink()
+        request = parse_client_request(
+            COMPLETIONS, {"prompt": "x", "stream": stream}, request_id=f"r{i}", arrival=clock.now()
+        )
+        run(serve_request(request, make_ports(clock, transport), policies, sink))
+        statuses.append(sink.status)
+    return statuses, policies

@@ -24,6 +24,7 @@ from tests.core.lifecycle_harness import (
     charged_engines,
     config,
     serve,
+    serve_many,
 )
 from tests.core.scripted import (
     DONE,
@@ -270,22 +271,6 @@ def test_error_body_is_openai_shaped() -> None:
     assert out.sink.body is not None
     assert set(out.sink.body["error"]) == {"message", "type", "param", "code"}
     json.dumps(out.sink.body)
-
-
-def serve_many(cfg: Any, scripts: dict[str, list[Any]], n: int) -> tuple[list[Any], Policies]:
-    """``n`` requests one after another through one router; their client statuses."""
-    clock = VirtualClock()
-    transport = ScriptedTransport(clock, scripts)
-    policies = Policies(cfg, seed=1)
-    statuses = []
-    for i in range(n):
-        sink = RecordingSink()
-        request = parse_client_request(
-            COMPLETIONS, {"prompt": "x", "stream": True}, request_id=f"r{i}", arrival=clock.now()
-        )
-        run(serve_request(request, make_ports(clock, transport), policies, sink))
-        statuses.append(sink.status)
-    return statuses, policies
 
 
 def test_a_both_engine_whose_decodes_fail_is_ejected_although_its_prefills_pass() -> None:

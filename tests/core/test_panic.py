@@ -7,20 +7,10 @@ import random
 
 from narwhal.core.breaker import Breaker
 from narwhal.core.config import RecoverySettings, Role, parse_config
-from narwhal.core.lifecycle import serve_request
 from narwhal.core.placement import Placement
-from narwhal.core.policies import Policies
 from narwhal.core.records import DecisionLog
-from narwhal.core.requests import COMPLETIONS, parse_client_request
-from tests.core.lifecycle_harness import D0, P0
-from tests.core.scripted import (
-    Decode,
-    RecordingSink,
-    ScriptedTransport,
-    VirtualClock,
-    make_ports,
-    run,
-)
+from tests.core.lifecycle_harness import D0, P0, serve_many
+from tests.core.scripted import Decode
 
 ROLES = {"http://p0": Role.PREFILL, "http://d0": Role.DECODE, "http://d1": Role.DECODE}
 
@@ -87,23 +77,14 @@ def test_zero_turns_panic_off() -> None:
 def test_a_lone_consumer_ejected_for_stalls_still_serves_the_next_request() -> None:
     """The issue's case: one consumer, ejected after its failures, healthy again: the next
     request is served by it instead of a 503 while its probe waits."""
-    clock = VirtualClock()
     cfg = parse_config(
         {
             "recovery": {"eject_after": 2},
             "engines": [{"url": P0, "role": "prefill"}, {"url": D0, "role": "decode"}],
         }
     )
-    transport = ScriptedTransport(clock, {"decode": [Decode(connect="refused")] * 2})
-    policies = Policies(cfg, seed=1)
-    statuses = []
-    for i in range(3):
-        sink = RecordingSink()
-        request = parse_client_request(
-            COMPLETIONS, {"prompt": "x"}, request_id=f"r{i}", arrival=clock.now()
-        )
-        run(serve_request(request, make_ports(clock, transport), policies, sink))
-        statuses.append(sink.status)
+    scripts = {"decode": [Decode(connect="refused")] * 2}
+    statuses, policies = serve_many(cfg, scripts, 3, stream=False)
     assert statuses == [502, 502, 200]
     assert policies.breaker.health(D0).ejected_since is not None  # still awaits its probe
     assert "panic" in [d.kind for d in policies.log.entries]
