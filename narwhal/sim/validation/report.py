@@ -39,14 +39,17 @@ def write_cdfs(
         writer = csv.writer(handle)
         writer.writerow(["metric", "side", "value_ms", "fraction"])
         for ax, (metric, (real, sim)) in zip(np.atleast_1d(axes), samples.items(), strict=True):
+            # seconds on the axis once values run past 10 s (the CSV stays in ms)
+            in_s = max(max(real), max(sim)) > 10.0
             for side, values, style in (("real", real, "-"), ("sim", sim, "--")):
                 xs = np.sort(np.asarray(values) * 1e3)
                 ys = np.arange(1, len(xs) + 1) / len(xs)
                 for x, y in zip(xs, ys, strict=True):
                     writer.writerow([metric, side, f"{x:.3f}", f"{y:.6f}"])
-                ax.plot(xs, ys, style, label="real vLLM" if side == "real" else "Narwhal sim")
+                label = "real vLLM" if side == "real" else "Narwhal sim"
+                ax.plot(xs / 1e3 if in_s else xs, ys, style, label=label)
             ax.set_title(METRICS[metric])
-            ax.set_xlabel("ms")
+            ax.set_xlabel("s" if in_s else "ms")
             ax.set_ylabel("fraction of requests")
             ax.grid(alpha=0.3)
             ax.legend(loc="lower right", fontsize=8)
