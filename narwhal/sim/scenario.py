@@ -28,8 +28,9 @@ from narwhal.sim.faults import FaultSpec, targets
 from narwhal.sim.gpu.params import EngineParams
 from narwhal.sim.model_shape import ModelShape, model_shape
 from narwhal.sim.profiles import store as profiles
-from narwhal.sim.profiles.gpus import GPUS, shape_of
+from narwhal.sim.profiles.gpus import GPUS
 from narwhal.sim.profiles.opstep import capture_sizes
+from narwhal.sim.profiles.source import ProfileError
 from narwhal.sim.replicas import RouterReplicaSettings
 from narwhal.sim.tensor_parallel import (
     NVLINK_H200_BUS_GBPS,
@@ -144,16 +145,18 @@ class FleetSettings(_Strict):
                 f"gpu {self.gpu!r} is not known; known: {', '.join(sorted(GPUS))} (another GPU "
                 "needs its own profile, gpu_name and gpu_memory_gb)"
             )
-        if self.gpu not in GPUS and self.tensor_parallel > 1 and not {
-            "tp_allreduce_gbps", "tp_allreduce_latency_us"
-        } <= self.model_fields_set:
+        if (
+            self.gpu not in GPUS
+            and self.tensor_parallel > 1
+            and not {"tp_allreduce_gbps", "tp_allreduce_latency_us"} <= self.model_fields_set
+        ):
             raise ValueError(
                 f"gpu {self.gpu!r} with tensor_parallel > 1 needs tp_allreduce_gbps and "
                 "tp_allreduce_latency_us"
             )
         if self.fitted_h200:
             if self.profile is not None:
-                raise ValueError('profile: the H200 uses its closed-form model; name the GPU')
+                raise ValueError("profile: the H200 uses its closed-form model; name the GPU")
             if self.model not in model_names():
                 raise ValueError(f"model {self.model!r} is not in the profile ({model_names()})")
             if "tensor_parallel" in self.model_fields_set or "cuda_graphs" in self.model_fields_set:
@@ -164,7 +167,7 @@ class FleetSettings(_Strict):
         else:
             try:
                 profile = self.op_profile()
-            except profiles.ProfileError as error:
+            except ProfileError as error:
                 raise ValueError(str(error)) from None
             if (profile["gpu"], profile["model"]) != (self.gpu, self.model):
                 raise ValueError(
@@ -221,7 +224,7 @@ class FleetSettings(_Strict):
         if self.fitted_h200:
             return model_shape(self.model)
         config = profiles.model_config(self.op_profile())
-        return shape_of(config, self.tensor_parallel, self.model)
+        return config.shape(self.tensor_parallel, self.model)
 
     def batch(self) -> BatchDefaults:
         """The sequence cap and token budget: as given, else vLLM's defaults for the GPU."""
@@ -274,9 +277,7 @@ class FleetSettings(_Strict):
             (int(size) for points in tables.get("dense", {}).values() for size, _ in points),
             default=0,
         )
-        measured_seqs = max(
-            (int(n) for _, _, n, _, _ in tables.get("attention", [])), default=0
-        )
+        measured_seqs = max((int(n) for _, _, n, _, _ in tables.get("attention", [])), default=0)
         batch = self.batch()
         notes = []
         if batch.max_num_batched_tokens > measured_tokens:
@@ -298,12 +299,7 @@ class FleetSettings(_Strict):
             shape = self.shape()
             batch = self.batch()
             graphs = capture_sizes(batch.max_num_seqs) if self.cuda_graphs else ()
-            timing = profiles.timing(
-                self.op_profile(),
-                shape.tp,
-                shape.kv_bytes_per_token_per_rank * shape.tp,
-                graphs,
-            )
+            timing = profiles.timing(self.op_profile(), shape.tp, graphs)
             if not self.tp_allreduce:
                 return timing
             gbps, latency_us = self.tp_allreduce_gbps, self.tp_allreduce_latency_us

@@ -12,8 +12,9 @@ import random
 import h11
 import pytest
 
-from narwhal.live.h1client import H1Pool, Origin, request_bytes
+from narwhal.live.h1client import H1Pool
 from narwhal.live.h1errors import ConnectionLost, EngineProtocolError
+from tests.live.test_h1client import get, serve
 
 Reading = tuple[int, bytes] | None  # (status, body), or None: refused
 
@@ -52,16 +53,10 @@ async def narwhal_reads(raw: bytes) -> Reading:
         finally:
             writer.close()
 
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    origin = Origin.of(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    server, origin = await serve(answer)
     pool = H1Pool(4, 5.0)
     try:
-        conn = await pool.acquire(origin)
-        conn.send(request_bytes("GET", origin, "/x", {}, None))
-        await conn.head()
-        body = b""
-        while data := await conn.readany():
-            body += data
+        conn, body = await get(pool, origin)
         return conn.status, body
     except (EngineProtocolError, ConnectionLost):
         return None

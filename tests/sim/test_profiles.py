@@ -76,7 +76,7 @@ def test_import_writes_a_profile_that_times_a_step_from_its_tables(tmp_path, cap
     profile = store.read(out)
     assert profile["config"]["layers"] == 2 and profile["config"]["kv_heads"] == 2
     assert profile["provenance"]["enforce_eager"] is True
-    timing = store.timing(profile, 1, 1024, ())
+    timing = store.timing(profile, 1, ())
     # 3 decodes (context 48 each) and one 16-token chunk after 16 cached tokens: 19 tokens
     tokens, pairs = 19, 16 * (16 + 16 / 2)
     got = timing.batch_s(3, 16, 3 * 48, pairs, 1)
@@ -173,7 +173,7 @@ def test_skewed_batches_pay_the_profiles_measured_share_toward_the_longest_conte
     (profile_dir / "tp1" / "skew.csv").write_text("\n".join(rows) + "\n")
     profile = store.from_source(source.read_profile(profile_dir), "x")
     assert profile["tp"]["1"]["skew_alpha"] == pytest.approx(0.1)
-    timing = store.timing(profile, 1, 1024, ())
+    timing = store.timing(profile, 1, ())
     even = timing.batch_s(4, 0, 4 * 32, 0.0)
     skewed = timing.batch_s(4, 0, 4 * 32, 0.0, 0, 64)  # mean 32, longest 64
     gap_us = _attn_us(0, 0, 4, 64) - _attn_us(0, 0, 4, 32)

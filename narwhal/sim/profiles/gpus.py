@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from narwhal.sim.model_shape import ModelShape
-from narwhal.sim.profiles.source import ModelConfig
-
 GIB = 1 << 30
 
 
@@ -53,26 +50,3 @@ GPUS = {
         ),
     )
 }
-
-
-def shape_of(config: ModelConfig, tp: int, name: str = "profile") -> ModelShape:
-    """A profile's model config as the memory, TP and KV rules read it."""
-    return ModelShape(
-        name=name,
-        hidden=config.hidden,
-        heads=config.heads,
-        kv_heads=config.kv_heads,
-        head_dim=config.head_dim,
-        inter=config.inter,
-        layers=config.layers,
-        vocab=config.vocab,
-        tp=tp,
-    )
-
-
-def gpu(key: str) -> Gpu:
-    """The GPU named ``key``, or a ValueError listing the ones known."""
-    try:
-        return GPUS[key]
-    except KeyError:
-        raise ValueError(f"unknown gpu {key!r}; known: {', '.join(sorted(GPUS))}") from None

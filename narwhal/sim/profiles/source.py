@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from narwhal.sim.model_shape import ModelShape
+
 
 class ProfileError(ValueError):
     """A profile or model config that cannot be used, with what is missing."""
@@ -58,6 +60,20 @@ class ModelConfig:
             head_dim=int(config.get("head_dim") or hidden // heads),
             inter=int(config["intermediate_size"]),
             vocab=int(config["vocab_size"]),
+        )
+
+    def shape(self, tp: int, name: str = "profile") -> ModelShape:
+        """This model split over ``tp`` ranks, as the memory, TP and KV rules read it."""
+        return ModelShape(
+            name=name,
+            hidden=self.hidden,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            inter=self.inter,
+            layers=self.layers,
+            vocab=self.vocab,
+            tp=tp,
         )
 
     def as_dict(self) -> dict[str, int]:

@@ -25,7 +25,6 @@ from typing import Any
 
 from narwhal.sim.profiles.opstep import (
     OperatorStepTiming,
-    capture_sizes,
     fold_ops,
     pooled_skew_alpha,
 )
@@ -142,19 +141,19 @@ def _tables(profile: dict[str, Any], tp: int) -> dict[str, Any]:
     return dict(tables)
 
 
-def timing(
-    profile: dict[str, Any], tp: int, kv_bytes_per_token: int, graph_sizes: tuple[int, ...]
-) -> OperatorStepTiming:
+def timing(profile: dict[str, Any], tp: int, graph_sizes: tuple[int, ...]) -> OperatorStepTiming:
     """The step timing of one engine of ``tp`` ranks (``graph_sizes``: CUDA-graph capture
-    sizes, empty for an eager engine; see :func:`~.opstep.capture_sizes`)."""
+    sizes, empty for an eager engine; see :func:`~.opstep.capture_sizes`); its KV bytes per
+    token are every rank's together."""
     tables = _tables(profile, tp)
+    config = model_config(profile)
     dense = {name: Curve(map(tuple, pts)) for name, pts in tables["dense"].items()}
     per_seq = {name: Curve(map(tuple, pts)) for name, pts in tables["per_sequence"].items()}
     return OperatorStepTiming(
         fold_ops(dense, per_seq),
         AttentionGrid(map(tuple, tables["attention"])),
-        model_config(profile).layers,
-        kv_bytes_per_token,
+        config.layers,
+        config.shape(tp).kv_bytes_per_token_per_rank * tp,
         graph_sizes,
         float(tables.get("skew_alpha", 0.0)),
     )
@@ -178,6 +177,3 @@ def residuals(profile: dict[str, Any]) -> list[tuple[int, str, int, float, float
                 (int(tp_text), "attention", len(grid_errors), mean(grid_errors), max(grid_errors))
             )
     return out
-
-
-__all__ = ["ProfileError", "capture_sizes"]

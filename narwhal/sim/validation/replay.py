@@ -38,12 +38,12 @@ from narwhal.sim.gpu.sequence import SimStream
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.model_shape import ModelShape
 from narwhal.sim.profiles import store
-from narwhal.sim.profiles.gpus import GPUS, shape_of
+from narwhal.sim.profiles.gpus import GPUS
 from narwhal.sim.profiles.opstep import capture_sizes
 from narwhal.sim.profiles.source import ProfileError
 from narwhal.sim.tensor_parallel import with_allreduce
 from narwhal.sim.timing import StepTiming
-from narwhal.sim.validation.runlog import RunLog
+from narwhal.sim.validation.runlog import RunLog, time_per_output_token
 from narwhal.sim.vllm_defaults import kv_cache_budget
 
 
@@ -57,9 +57,7 @@ class Timed:
 
     @property
     def tpot_s(self) -> float | None:
-        if self.output <= 1:
-            return None
-        return (self.latency_s - self.ttft_s) / (self.output - 1)
+        return time_per_output_token(self.ttft_s, self.latency_s, self.output)
 
 
 def num_blocks(run: RunLog, shape: ModelShape) -> int:
@@ -91,18 +89,13 @@ def engine_timing(
     (``allreduce``: a TP > 1 engine's all-reduces, on by default; off to measure their share)."""
     engine = run.engine
     config = store.model_config(profile)
-    shape = shape_of(config, engine.tensor_parallel)
+    shape = config.shape(engine.tensor_parallel)
     timing: StepTiming
     if engine.enforce_eager:
         graphs: tuple[int, ...] = ()
     else:
         graphs = engine.capture_sizes or capture_sizes(engine.max_num_seqs)
-    timing = store.timing(
-        profile,
-        engine.tensor_parallel,
-        shape.kv_bytes_per_token_per_rank * engine.tensor_parallel,
-        graphs,
-    )
+    timing = store.timing(profile, engine.tensor_parallel, graphs)
     if allreduce and run.gpu in GPUS and shape.tp > 1:
         link = GPUS[run.gpu]
         timing = with_allreduce(timing, shape, link.allreduce_gbps, link.allreduce_latency_us / 1e6)
@@ -194,7 +187,7 @@ def _through_router(
     cluster, engine = run.cluster, run.engine
     if not cluster.prefill or not cluster.decode:
         raise ProfileError(f"{run.path}: a disaggregated run needs prefill and decode engines")
-    shape = shape_of(store.model_config(profile), engine.tensor_parallel)
+    shape = store.model_config(profile).shape(engine.tensor_parallel)
     fleet: dict[str, Any] = {
         "gpu": run.gpu,
         "model": engine.model,

@@ -32,6 +32,14 @@ from narwhal.sim.profiles.source import ProfileError
 REQUEST_FIELDS = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
 
 
+def time_per_output_token(ttft_s: float, latency_s: float, output: int) -> float | None:
+    """Time per output token after the first (None for a one-token answer), as the run's
+    recorder measures it."""
+    if output <= 1:
+        return None
+    return (latency_s - ttft_s) / (output - 1)
+
+
 @dataclass(frozen=True)
 class RunRequest:
     """One request of the run, in the file's order (the dataset's row order)."""
@@ -45,10 +53,7 @@ class RunRequest:
 
     @property
     def tpot_s(self) -> float | None:
-        """Time per output token after the first (None for a one-token answer)."""
-        if self.output <= 1:
-            return None
-        return (self.latency_s - self.ttft_s) / (self.output - 1)
+        return time_per_output_token(self.ttft_s, self.latency_s, self.output)
 
 
 @dataclass(frozen=True)
@@ -193,9 +198,11 @@ def read_run(run_dir: Path) -> RunLog:
         cluster = dataclasses.replace(cluster, colocated=data_parallel)
     gpu = vllm_dir.parent.parent.name if vllm_dir.name == "vllm" else vllm_dir.parent.name
     requests = read_requests(vllm_dir / "requests.jsonl")
-    dataset = find_dataset(vllm_dir, meta)
-    if dataset is not None:
-        requests = with_segments(requests, dataset, engine.block_size)
+    found = find_dataset(vllm_dir, meta)
+    dataset = None
+    if found is not None:
+        dataset, text = found
+        requests = with_segments(requests, dataset, text, engine.block_size)
     return RunLog(
         path=run_dir,
         gpu=gpu,
@@ -206,8 +213,9 @@ def read_run(run_dir: Path) -> RunLog:
     )
 
 
-def find_dataset(vllm_dir: Path, meta: dict[str, Any]) -> Path | None:
-    """The run's dataset file, if it is where a run keeps it and its hash is the recorded one."""
+def find_dataset(vllm_dir: Path, meta: dict[str, Any]) -> tuple[Path, bytes] | None:
+    """The run's dataset file and its (decompressed) bytes, if it is where a run keeps it and
+    its hash is the recorded one."""
     name = meta.get("dataset_path")
     digest = meta.get("dataset_hash")
     if not isinstance(name, str) or not isinstance(digest, str):
@@ -218,15 +226,12 @@ def find_dataset(vllm_dir: Path, meta: dict[str, Any]) -> Path | None:
         candidates.append(run_dir.resolve().parents[2] / name)
     for path in candidates:
         if path.is_file():
-            if hashlib.sha256(_dataset_bytes(path)).hexdigest() != digest:
+            data = path.read_bytes()
+            text = lzma.decompress(data) if path.suffix == ".xz" else data
+            if hashlib.sha256(text).hexdigest() != digest:
                 raise ProfileError(f"{path}: its sha256 is not meta.json's dataset_hash")
-            return path
+            return path, text
     return None
-
-
-def _dataset_bytes(path: Path) -> bytes:
-    data = path.read_bytes()
-    return lzma.decompress(data) if path.suffix == ".xz" else data
 
 
 def prompt_segments(
@@ -261,11 +266,12 @@ def prompt_segments(
 
 
 def with_segments(
-    requests: tuple[RunRequest, ...], dataset: Path, block_size: int
+    requests: tuple[RunRequest, ...], dataset: Path, text: bytes, block_size: int
 ) -> tuple[RunRequest, ...]:
-    """``requests`` with the segments of the dataset's prompts (row ``i`` is request ``i`` in
-    arrival order; a row whose length disagrees with the request's is refused)."""
-    rows = [json.loads(line) for line in _dataset_bytes(dataset).splitlines() if line.strip()]
+    """``requests`` with the segments of the prompts in ``text``, the dataset's bytes (row
+    ``i`` is request ``i`` in the run's file order; a row whose length disagrees with the
+    request's is refused)."""
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     if len(rows) != len(requests):
         raise ProfileError(f"{dataset}: {len(rows)} prompts for {len(requests)} requests")
     ids = []
