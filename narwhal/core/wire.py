@@ -256,25 +256,78 @@ def nixl_kv_params(
     }
 
 
+_DECIMALS: dict[int, bytes] = {}
+"""The decimal text of each integer :func:`int_items` has written: block ids, small integers
+written by the thousand per second, whose ``str`` costs more than the rest of a reply's fields
+(a pool's block ids, so at most a pool's size of entries)."""
+
+
+def int_items(values: Sequence[int]) -> bytes:
+    """The items of a JSON list of integers, comma-separated, without the brackets."""
+    try:
+        return b",".join(map(_DECIMALS.__getitem__, values))
+    except KeyError:
+        _DECIMALS.update((value, str(value).encode()) for value in values)
+        return b",".join(map(_DECIMALS.__getitem__, values))
+
+
 def prefill_reply(
     response_id: str,
     model: str,
     created: int,
     *,
     prompt_tokens: int,
-    kv_transfer_params: Mapping[str, Any],
-    text: str = "x",
+    block_ids: Sequence[int],
+    engine_id: str,
+    request_id: str,
+    host: str,
+    port: int,
     cached_tokens: int | None = None,
-) -> dict[str, Any]:
-    """A producer's reply to the router's one-token prefill: one generated token (discarded by
-    the router) and the KV handoff descriptor."""
-    return completion_reply(
-        response_id,
-        model,
-        created,
-        text,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=1,
-        kv_transfer_params=kv_transfer_params,
-        cached_tokens=cached_tokens,
+    text: str = "x",
+) -> bytes:
+    """A NixlConnector producer's reply to the router's one-token prefill: one generated token
+    (discarded by the router) and the KV handoff descriptor; byte for byte
+    ``to_json(completion_reply(..., kv_transfer_params=nixl_kv_params(...)))``, written from
+    its constant parts and the fields that vary (a simulated producer writes one per request;
+    encoding the dict costs several times the rest of the reply's work)."""
+    details = (
+        b""
+        if cached_tokens is None
+        else b"".join((b',"prompt_tokens_details":{"cached_tokens":', b"%d" % cached_tokens, b"}"))
+    )
+    return b"".join(
+        (
+            b'{"id":',
+            json_string(response_id),
+            b',"object":"text_completion","created":',
+            b"%d" % created,
+            b',"model":',
+            json_string(model),
+            b',"choices":[{"index":0,"text":',
+            json_string(text),
+            b',"logprobs":null,"finish_reason":"length","stop_reason":null,'
+            b'"prompt_logprobs":null}],"usage":{"prompt_tokens":',
+            b"%d" % prompt_tokens,
+            b',"total_tokens":',
+            b"%d" % (prompt_tokens + 1),
+            b',"completion_tokens":1',
+            details,
+            b'},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,'
+            b'"remote_block_ids":[[',
+            int_items(block_ids),
+            b']],"remote_engine_id":',
+            json_string(engine_id),
+            b',"remote_request_id":',
+            json_string(request_id),
+            b',"remote_host":',
+            json_string(host),
+            b',"remote_port":',
+            b"%d" % port,
+            b',"tp_size":1,"dcp_size":1,"pp_size":1,"remote_num_tokens":',
+            b"%d" % prompt_tokens,
+            b',"remote_blocks_expiry_time":null,"transfer_mode":"pull",'
+            b'"remote_prefill_cached_tokens":',
+            b"%d" % (cached_tokens or 0),
+            b"}}",
+        )
     )

@@ -109,16 +109,18 @@ def test_error_object_defaults_to_vllms_type_for_the_status() -> None:
 
 
 def test_a_prefill_reply_carries_a_descriptor_the_router_accepts() -> None:
-    params = wire.nixl_kv_params(
+    reply = wire.prefill_reply(
+        "cmpl-r1",
+        "m",
+        7,
+        prompt_tokens=40,
         block_ids=[3, 1, 2],
         engine_id="engine-a",
         request_id="cmpl-r1-0-0000002a",
         host="10.0.0.1",
         port=5600,
-        num_tokens=40,
     )
-    reply = wire.prefill_reply("cmpl-r1", "m", 7, prompt_tokens=40, kv_transfer_params=params)
-    decoded = json.loads(wire.to_json(reply))
+    decoded = json.loads(reply)
     assert decoded["usage"] == {"prompt_tokens": 40, "total_tokens": 41, "completion_tokens": 1}
     assert decoded["choices"][0]["text"] == "x"
     checked = validate_descriptor(decoded["kv_transfer_params"], "NixlConnector", "10.0.0.1:5600")

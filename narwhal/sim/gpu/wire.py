@@ -9,7 +9,7 @@ for byte) and the version it reports.
 Theory of operation: a decode leg's stream gets one :class:`~narwhal.core.wire.ChunkWriter`
 (:func:`chunk_writer`), whose per-stream head is encoded once; each chunk is that head and ``n``
 tokens of filler (:func:`token_chunk`). A producer's answer to a prefill leg is core's
-completion with NixlConnector ``kv_transfer_params`` (:func:`prefill_reply`).
+one-token completion with NixlConnector ``kv_transfer_params`` (:func:`prefill_reply`).
 """
 
 from __future__ import annotations
@@ -64,24 +64,18 @@ def prefill_reply(
     the prompt tokens found in the producer's prefix cache, reported in
     ``usage.prompt_tokens_details.cached_tokens`` and ``remote_prefill_cached_tokens`` (None:
     prefix caching off, no details)."""
-    params = wire.nixl_kv_params(
+    return wire.prefill_reply(
+        wire.completion_id(rid, False),
+        model,
+        CREATED,
+        prompt_tokens=prompt,
         block_ids=block_ids,
         engine_id=engine_id,
         request_id=remote_request_id,
         host=host,
         port=port,
-        num_tokens=prompt,
-        cached_tokens=cached or 0,
-    )
-    reply = wire.prefill_reply(
-        wire.completion_id(rid, False),
-        model,
-        CREATED,
-        prompt_tokens=prompt,
-        kv_transfer_params=params,
         cached_tokens=cached,
     )
-    return wire.to_json(reply)
 
 
 def version_body() -> bytes:
