@@ -9,8 +9,8 @@ engine is charged for it.
 
 Theory of operation: :func:`admit_and_serve` takes the slot (or refuses), then runs the
 driver's ``serve`` and releases the slot in ``finally``. What ``serve`` is differs only in what
-a driver has to do before the lifecycle: the simulator's request is whole on arrival
-(:func:`serve_admitted` runs :func:`~narwhal.core.lifecycle.serve_request`); the live router
+a driver has to do before the lifecycle: the simulator's request is whole on arrival (its
+``serve`` is :func:`~narwhal.core.lifecycle.serve_request`); the live router
 admits once the request's whole body has arrived (a client that never sends its body must not
 hold a slot), so a slot covers parsing the body, and its ``serve`` parses it, then runs the
 lifecycle.
@@ -27,11 +27,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from narwhal.core.errors import FaultKind, fault
-from narwhal.core.lifecycle import CLIENT_GONE_STATUS, serve_request
+from narwhal.core.lifecycle import CLIENT_GONE_STATUS
 from narwhal.core.policies import Policies
 from narwhal.core.ports import ClientGone, ClientSink, Ports
 from narwhal.core.records import RequestRecord
-from narwhal.core.requests import ClientRequest
 
 
 async def refuse(
@@ -87,18 +86,3 @@ async def admit_and_serve(
         return await serve()
     finally:
         admission.release()
-
-
-async def serve_admitted(
-    request: ClientRequest, ports: Ports, policies: Policies, sink: ClientSink
-) -> RequestRecord:
-    """Serve a request whole on arrival (the simulator's) if admission lets it in."""
-
-    def serve() -> Awaitable[RequestRecord]:
-        return serve_request(request, ports, policies, sink)
-
-    record = await admit_and_serve(
-        request.request_id, request.arrival, ports, policies, sink, serve
-    )
-    assert record is not None  # the lifecycle and a refusal both record
-    return record

@@ -1,14 +1,14 @@
 """The runner: builds a simulated fleet from a scenario and runs the core against it.
 
-Rule kept here: the runner wires, it does not decide. Requests are served by
-:func:`narwhal.core.entry.serve_admitted` (the router's admission bound, then
-:func:`narwhal.core.lifecycle.serve_request`) and probes/health checks by
+Rule kept here: the runner wires, it does not decide. Requests enter by
+:func:`narwhal.core.entry.admit_and_serve` (the router's admission bound) and are served by
+:func:`narwhal.core.lifecycle.serve_request` and probes/health checks by
 :func:`narwhal.core.probe.maintenance_loop`, unchanged, through the ports of
 :mod:`narwhal.sim.driver`; the runner only feeds arrivals, flips faults and observes.
 
 Theory of operation: one seed makes the run. It is split into independent RNGs (workload,
 faults, one per engine, the router's policies), so changing one part never shifts another's
-draws. Arrivals come from one SimPy process; each starts a task running ``serve_admitted``, whose
+draws. Arrivals come from one SimPy process; each starts a task running ``admit_and_serve``, whose
 record the core hands to ``policies.on_record``. A sampler process snapshots every
 engine (router-side breaker state and reservations, engine-side condition and queues) every
 ``sim.sample_interval_s``. The run ends when the last request has its record (the maintenance
@@ -20,6 +20,7 @@ even if its coroutine, closed later by the garbage collector, hands one in.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import time
 from collections.abc import Callable
@@ -28,7 +29,8 @@ from typing import Any
 
 import simpy
 
-from narwhal.core.entry import serve_admitted
+from narwhal.core.entry import admit_and_serve
+from narwhal.core.lifecycle import serve_request
 from narwhal.core.probe import maintenance_loop
 from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.requests import CHAT, COMPLETIONS, ClientRequest
@@ -176,7 +178,12 @@ def run(
                 body = {"model": model, "prompt": text, "max_tokens": arrival.output}
             body["stream"] = stream
             request = ClientRequest(f"req-{i}", endpoint, body, float(env.now))
-            start(env, serve_admitted(request, ports, replicas.route(request.request_id, i), SINK))
+            replica = replicas.route(request.request_id, i)
+            serve = functools.partial(serve_request, request, ports, replica, SINK)
+            start(
+                env,
+                admit_and_serve(request.request_id, request.arrival, ports, replica, SINK, serve),
+            )
 
     samples: list[dict[str, Any]] = []
     first, several = replicas.members[0], len(replicas.members) > 1

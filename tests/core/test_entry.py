@@ -5,10 +5,12 @@ it (nothing placed, nothing called, nobody charged)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 from narwhal.core.config import parse_config
-from narwhal.core.entry import serve_admitted
+from narwhal.core.entry import admit_and_serve
+from narwhal.core.lifecycle import serve_request
 from narwhal.core.policies import Policies
 from narwhal.core.ports import ClientGone
 from narwhal.core.records import RequestRecord
@@ -44,7 +46,9 @@ def enter(
     body: dict[str, Any] = {"prompt": "hello", "max_tokens": 3, "stream": True}
     request = parse_client_request(COMPLETIONS, body, request_id="req1", arrival=clock.now())
     with contextlib.suppress(Cancelled):
-        run(serve_admitted(request, make_ports(clock, transport), policies, sink))
+        ports = make_ports(clock, transport)
+        serve = functools.partial(serve_request, request, ports, policies, sink)
+        run(admit_and_serve(request.request_id, request.arrival, ports, policies, sink, serve))
     return transport
 
 
