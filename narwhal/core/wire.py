@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring
 from typing import Any
 
 DONE = b"data: [DONE]\n\n"
@@ -53,12 +54,10 @@ def to_json(value: object) -> bytes:
 
 
 def json_string(text: str) -> bytes:
-    """``text`` as a JSON string, byte for byte what :func:`to_json` writes. Printable ASCII
-    without a quote or a backslash (nearly every token and id) needs no escape and is written
-    as it is; anything else goes through the encoder (a chunk's text is encoded per chunk)."""
-    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
-        return b"".join((b'"', text.encode(), b'"'))
-    return to_json(text)
+    """``text`` as a JSON string, byte for byte what :func:`to_json` writes: the encoder's own
+    string writer, without the encoder's walk over a value (a chunk's text is written per
+    chunk)."""
+    return encode_basestring(text).encode()
 
 
 def sse_event(payload: bytes) -> bytes:
