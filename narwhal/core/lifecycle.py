@@ -42,7 +42,6 @@ took any time, silence is measured from its end (``DecodeLeg.resumed``; decision
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
 from typing import Any
 
 from narwhal.core import wire
@@ -538,11 +537,8 @@ class _Lifecycle:
             await self._respond(200, assembler.result(), {})
 
 
-def serve_request(
+async def serve_request(
     request: ClientRequest, ports: Ports, policies: Policies, sink: ClientSink
-) -> Coroutine[Any, Any, RequestRecord]:
-    """Serve one client request to its end; the record is also passed to ``policies.on_record``.
-
-    The lifecycle's own coroutine, not one awaiting it: every streamed read resumes the chain
-    of coroutines from the handler down, and this keeps one frame out of it."""
-    return _Lifecycle(request, ports, policies, sink).run()
+) -> RequestRecord:
+    """Serve one client request to its end; the record is also passed to ``policies.on_record``."""
+    return await _Lifecycle(request, ports, policies, sink).run()

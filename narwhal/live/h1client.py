@@ -87,10 +87,8 @@ def request_bytes(
     return b"".join((head, body)) if body else head
 
 
-class H1Connection:
-    """One socket to an engine: writes a request, parses its response. An asyncio protocol by
-    its callbacks, which the loop calls by name, rather than by subclassing
-    :class:`asyncio.Protocol`: a plain class is one the compiled build makes native."""
+class H1Connection(asyncio.Protocol):
+    """One socket to an engine: writes a request, parses its response."""
 
     def __init__(self, pool: H1Pool, origin: Origin) -> None:
         self.pool = pool
@@ -355,9 +353,8 @@ class H1Pool:
                     self._room.remove(waiter)
         self.open += 1
         try:
-            _, made = await loop.create_connection(
-                # (a protocol by its callbacks: typeshed asks for an asyncio.BaseProtocol)
-                lambda: cast(asyncio.BaseProtocol, H1Connection(self, origin)),
+            _, conn = await loop.create_connection(
+                lambda: H1Connection(self, origin),
                 origin.host,
                 origin.port,
                 ssl=self._tls_context() if origin.tls else None,
@@ -367,7 +364,6 @@ class H1Pool:
             self.open -= 1
             self._make_room()
             raise
-        conn = cast(H1Connection, made)
         conn.counted = True
         return conn
 

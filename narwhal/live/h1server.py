@@ -111,9 +111,8 @@ def _path_of(url: bytes) -> str:
     return unquote(path) if "%" in path else path
 
 
-class EdgeConnection:
-    """One client connection; :class:`EdgeServer` makes it with the ``[client]`` settings. An
-    asyncio protocol by its callbacks, as :class:`~narwhal.live.h1client.H1Connection` is."""
+class EdgeConnection(asyncio.Protocol):
+    """One client connection; :class:`EdgeServer` makes it with the ``[client]`` settings."""
 
     def __init__(self, server: EdgeServer) -> None:
         self.server = server
@@ -561,10 +560,9 @@ class EdgeServer:
         self._date_at = -1
         self._date = b""
 
-    def __call__(self) -> asyncio.BaseProtocol:
-        """An accepted socket's protocol (typed as the loop's base class, which typeshed asks
-        for: an :class:`EdgeConnection` is a protocol by its callbacks)."""
-        return cast(asyncio.BaseProtocol, EdgeConnection(self))
+    def __call__(self) -> EdgeConnection:
+        """An accepted socket's protocol."""
+        return EdgeConnection(self)
 
     def run(self, handling: Coroutine[Any, Any, None]) -> None:
         """Run one request's handling as a task this server holds until it ends."""
