@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from narwhal.cli import main
-from narwhal.sim.profiles import source, store
+from narwhal.sim.profiles import importer, source, store
 from narwhal.sim.profiles.opstep import capture_sizes
 from narwhal.sim.profiles.tables import AttentionGrid, Curve
 
@@ -93,14 +93,14 @@ def test_same_input_gives_the_same_profile_bytes(tmp_path):
     profile_dir = write_profile(tmp_path)
     a, b = tmp_path / "a.json.gz", tmp_path / "b.json.gz"
     for path in (a, b):
-        store.write(store.from_source(source.read_profile(profile_dir), "x"), path)
+        store.write(store.from_source(importer.read_any(profile_dir), "x"), path)
     assert a.read_bytes() == b.read_bytes()
     assert json.loads(gzip.decompress(a.read_bytes()))["format"] == store.FORMAT
 
 
 def test_a_moe_profile_is_refused(tmp_path):
     with pytest.raises(source.ProfileError, match=r"moe\.csv"):
-        source.read_profile(write_profile(tmp_path, moe=True))
+        importer.read_any(write_profile(tmp_path, moe=True))
 
 
 def test_missing_pieces_are_named(tmp_path, capsys):
@@ -112,7 +112,7 @@ def test_missing_pieces_are_named(tmp_path, capsys):
         source.read_profile(tmp_path)
     (tmp_path / "configs" / "model" / "org" / "toy.json").unlink()
     with pytest.raises(source.ProfileError, match=r"no model config for org/toy"):
-        source.read_profile(profile_dir)
+        importer.read_any(profile_dir)
 
 
 def test_curve_interpolates_extrapolates_and_clamps():
@@ -142,8 +142,9 @@ def test_bundled_profiles_carry_provenance_and_licence():
     for gpu, model in catalog:
         profile = store.bundled(gpu, model)
         assert "LLMServingSim" in profile["provenance"]["licence"]
-        assert profile["provenance"]["vllm_version"]
-    with pytest.raises(source.ProfileError, match="bundled: RTX4090"):
+        # what measured it: a vLLM version, or the profiler named (LLMServingSim's older one)
+        assert profile["provenance"]["vllm_version"] or profile["provenance"]["profiler"]
+    with pytest.raises(source.ProfileError, match="bundled: H100 meta-llama/Llama-3.1-70B, RTX4090"):
         store.bundled("RTX4090", "org/unknown")
 
 
@@ -171,12 +172,12 @@ def test_skewed_batches_pay_the_profiles_measured_share_toward_the_longest_conte
         f"{m},{m + g},{m + g / 10}" for m, g in ((100, 50), (200, 80), (50, 10))
     ]
     (profile_dir / "tp1" / "skew.csv").write_text("\n".join(rows) + "\n")
-    profile = store.from_source(source.read_profile(profile_dir), "x")
+    profile = store.from_source(importer.read_any(profile_dir), "x")
     assert profile["tp"]["1"]["skew_alpha"] == pytest.approx(0.1)
     timing = store.timing(profile, 1, ())
     even = timing.batch_s(4, 0, 4 * 32, 0.0)
     skewed = timing.batch_s(4, 0, 4 * 32, 0.0, 0, 64)  # mean 32, longest 64
     gap_us = _attn_us(0, 0, 4, 64) - _attn_us(0, 0, 4, 32)
     assert skewed - even == pytest.approx(2 * 0.1 * gap_us / 1e6)  # two layers
-    without = store.from_source(source.read_profile(write_profile(tmp_path / "b")), "x")
+    without = store.from_source(importer.read_any(write_profile(tmp_path / "b")), "x")
     assert without["tp"]["1"]["skew_alpha"] == 0.0  # not measured: no correction

@@ -45,11 +45,17 @@ def register(subparsers: Any) -> None:
         help="read an LLMServingSim profile and write Narwhal's",
         description=(
             "Read a per-operator profile in LLMServingSim's layout (meta.yaml, tp<N>/dense.csv, "
-            "attention.csv, per_sequence.csv), print each table's interpolation residuals and "
-            "write Narwhal's profile (gzip'd JSON)."
+            "attention.csv, per_sequence.csv) or its older per-layer one (tp<N>/layers.csv, "
+            "predictions/attn_{prefill,decode}_predictions.csv), print each table's "
+            "interpolation residuals and write Narwhal's profile (gzip'd JSON)."
         ),
     )
-    imp.add_argument("profile_dir", type=Path, help="profiler/perf/<GPU>/<org>/<model>/<dtype>/")
+    imp.add_argument(
+        "profile_dir",
+        type=Path,
+        help="profiler/perf/<GPU>/<org>/<model>/<dtype>/, or the older "
+        "profiler/v0/perf_models/<GPU>/<org>/<model>/",
+    )
     imp.add_argument(
         "--model-config",
         type=Path,
@@ -95,15 +101,18 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from narwhal.sim.profiles import source, store
+    from narwhal.sim.profiles import importer, store
+    from narwhal.sim.profiles.source import ProfileError
 
     try:
-        imported = source.read_profile(args.profile_dir, args.model_config)
-    except (source.ProfileError, OSError) as error:
+        imported = importer.read_any(args.profile_dir, args.model_config)
+    except (ProfileError, OSError) as error:
         print(f"narwhal profile import: {error}", file=sys.stderr)
         return 2
-    profile = store.from_source(imported, source.origin(args.profile_dir))
+    profile = store.from_source(imported, importer.origin(args.profile_dir))
     print(f"{imported.model} on {imported.gpu_name}: tp {', '.join(map(str, imported.tables))}")
+    for note in imported.notes:
+        print(f"note: {note}")
     print(f"{'tp':>3} {'table':<16}{'points':>7}{'mean |err|':>12}{'max |err|':>11}")
     for tp, name, points, mean_err, max_err in store.residuals(profile):
         print(f"{tp:>3} {name:<16}{points:>7}{100 * mean_err:>11.2f}%{100 * max_err:>10.1f}%")

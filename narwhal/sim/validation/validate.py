@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from narwhal.sim.profiles import source, store
+from narwhal.sim.profiles import importer, source, store
 from narwhal.sim.validation.compare import compare
 from narwhal.sim.validation.replay import replay
 from narwhal.sim.validation.runlog import RunLog, read_run
@@ -23,7 +23,7 @@ def load_profile(path: Path | None, run: RunLog) -> dict[str, Any]:
     if path is None:
         return store.bundled(run.gpu, run.engine.model)
     if path.is_dir():
-        return store.from_source(source.read_profile(path), source.origin(path))
+        return store.from_source(importer.read_any(path), importer.origin(path))
     if path.is_file():
         return store.read(path)
     raise source.ProfileError(f"{path}: no such profile directory or file")
