@@ -74,7 +74,7 @@ def register(subparsers: Any) -> None:
 
 def _validate(args: argparse.Namespace) -> int:
     from narwhal.sim.profiles.source import ProfileError
-    from narwhal.sim.validation.report import table, write_cdfs, write_json
+    from narwhal.sim.validation.report import means_table, table, write_cdfs, write_json
     from narwhal.sim.validation.validate import validate
 
     try:
@@ -90,10 +90,17 @@ def _validate(args: argparse.Namespace) -> int:
     )
     if run.engine.defaulted:
         print(f"not recorded by the run, vLLM's default used: {', '.join(run.engine.defaulted)}")
-    print(table(done.result))
+    if run.means is not None:
+        print(f"published as means only: {run.means.source}")
+        print(means_table(done.result))
+    else:
+        print(table(done.result))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = write_json(done.result, args.out)
+        if not done.samples:
+            print(f"wrote {path} (means only: no CDFs)")
+            return 0
         title = f"{run.engine.model} on {run.gpu}: real vLLM vs Narwhal's simulated engine"
         csv_path, png_path = write_cdfs(done.samples, args.out, title)
         print(f"wrote {path}, {csv_path}, {png_path}")
