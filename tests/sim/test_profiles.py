@@ -145,7 +145,9 @@ def test_bundled_profiles_carry_provenance_and_licence():
         assert "LLMServingSim" in profile["provenance"]["licence"]
         # what measured it: a vLLM version, or the profiler named (LLMServingSim's older one)
         assert profile["provenance"]["vllm_version"] or profile["provenance"]["profiler"]
-    with pytest.raises(source.ProfileError, match="bundled: H100 meta-llama/Llama-3.1-70B, RTX4090"):
+    with pytest.raises(
+        source.ProfileError, match=r"bundled: H100 meta-llama/Llama-3\.1-70B, RTX4090"
+    ):
         store.bundled("RTX4090", "org/unknown")
 
 
@@ -184,7 +186,9 @@ def test_skewed_batches_pay_the_profiles_measured_share_toward_the_longest_conte
     assert without["tp"]["1"]["skew_alpha"] == 0.0  # not measured: no correction
 
 
-V0 = Path(__file__).parent.parent / "data" / "profiles_v0" / "perf_models" / "TOYGPU" / "org" / "toy"
+V0 = (
+    Path(__file__).parent.parent / "data" / "profiles_v0" / "perf_models" / "TOYGPU" / "org" / "toy"
+)
 
 
 def test_the_older_per_layer_layout_imports_to_the_same_step_model(tmp_path, capsys):

@@ -195,7 +195,10 @@ def test_engines_run_past_their_profile_say_so():
 def test_unknown_gpu_or_model_lists_what_exists():
     with pytest.raises(ScenarioError, match="known: H100, H200, RTX4090, RTXPRO6000"):
         parse_scenario({"fleet": {"gpu": "B200", "prefill": 1, "decode": 1}})
-    with pytest.raises(ScenarioError, match=r"bundled: H100 meta-llama/Llama-3\.1-70B, RTX4090 meta-llama/Llama-3\.1-8B"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"bundled: H100 meta-llama/Llama-3\.1-70B, RTX4090 meta-llama/Llama-3\.1-8B",
+    ):
         parse_scenario({"fleet": {"gpu": "RTX4090", "model": "x/y", "both": 1}})
 
 

@@ -59,10 +59,13 @@ def _degree(tp_dir: Path) -> int | None:
     return int(digits) if tp_dir.is_dir() and digits.isdigit() else None
 
 
-def _layers(path: Path, tp: int) -> tuple[dict[str, list[tuple[float, float]]], list]:
+Points = list[tuple[float, float]]
+
+
+def _layers(path: Path, tp: int) -> tuple[dict[str, Points], Points]:
     columns = ("layer_name", "input", "kv_cache", "tp_size", "latency(ns)")
-    dense: dict[str, list[tuple[float, float]]] = {}
-    lm_head: list[tuple[float, float]] = []
+    dense: dict[str, Points] = {}
+    lm_head: Points = []
     for row in csv_rows(path, columns):
         if int(csv_number(row, "tp_size", path)) != tp:
             raise ProfileError(f"{path}: a row of tp_size {row['tp_size']} in tp{tp}/")
@@ -83,7 +86,7 @@ def _thin_chunks(
     """Prefill rows (chunk, cached, 0, 0, seconds), without chunk columns that equal both of
     their neighbours (see the module docstring)."""
     chunks = sorted(table)
-    kept = []
+    kept: list[tuple[float, float, float, float, float]] = []
     for i, chunk in enumerate(chunks):
         column = table[chunk]
         if 0 < i < len(chunks) - 1 and column == table[chunks[i - 1]] == table[chunks[i + 1]]:
@@ -142,7 +145,9 @@ def read_v0_profile(profile_dir: Path, model_config: Path | None = None) -> Sour
             attention_form="additive",
         )
     if not tables:
-        raise ProfileError(f"{profile_dir}: no tensor-parallel degree is complete: " + "; ".join(lacking))
+        raise ProfileError(
+            f"{profile_dir}: no tensor-parallel degree is complete: " + "; ".join(lacking)
+        )
     notes.extend(f"left out: {text}" for text in lacking)
     notes.append("sampler: not measured by this layout, taken as zero")
     config_path = model_config or find_model_config(profile_dir, model)

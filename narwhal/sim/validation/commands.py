@@ -65,6 +65,7 @@ def register(subparsers: Any) -> None:
     )
     imp.add_argument("--out", type=Path, required=True, help="the profile file to write")
     imp.set_defaults(func=_import)
+
     def no_verb(args: argparse.Namespace) -> int:
         profile.print_help()
         return 2

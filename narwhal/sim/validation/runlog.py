@@ -143,7 +143,9 @@ def _figures(value: Any, where: str) -> dict[str, float]:
         raise ProfileError(f"{where}: not an object of figures")
     unknown = sorted(set(value) - set(MEAN_METRICS))
     if unknown:
-        raise ProfileError(f"{where}: unknown {', '.join(unknown)} (known: {', '.join(MEAN_METRICS)})")
+        raise ProfileError(
+            f"{where}: unknown {', '.join(unknown)} (known: {', '.join(MEAN_METRICS)})"
+        )
     bad = [k for k, v in value.items() if not isinstance(v, int | float) or v <= 0]
     if bad:
         raise ProfileError(f"{where}: {', '.join(bad)} not a positive number")
@@ -238,7 +240,9 @@ def _batch_limits(kwargs: dict[str, Any], gpu: str, where: Path) -> tuple[int, i
     """The run's sequence cap and token budget: as recorded, else vLLM's defaults for the GPU
     (``vllm serve`` on that device: :func:`~narwhal.sim.vllm_defaults.batch_defaults`)."""
     seqs, tokens = kwargs.get("max_num_seqs"), kwargs.get("max_num_batched_tokens")
-    absent = [k for k, v in (("max_num_seqs", seqs), ("max_num_batched_tokens", tokens)) if v is None]
+    absent = [
+        k for k, v in (("max_num_seqs", seqs), ("max_num_batched_tokens", tokens)) if v is None
+    ]
     if not absent:
         if not isinstance(seqs, int) or not isinstance(tokens, int):
             raise ProfileError(f"{where}: max_num_seqs and max_num_batched_tokens must be integers")
