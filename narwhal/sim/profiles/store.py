@@ -1,8 +1,11 @@
 """Narwhal's profile format: one GPU, one model, its measured operator tables per TP degree.
 
 Rule kept here: a stored profile holds measurements and their provenance, never a fitted
-constant: the token-wise operator curves, the LM head and sampler curves, the attention grid, the
-model's shape and where every number came from (source, licence, vLLM version, when). What the
+constant: the token-wise operator curves, the LM head and sampler curves, the attention table
+(one grid over mixed steps, or prefill and decode apart: ``attention_form = "additive"``; from
+LLMServingSim's older layout it is that project's predictor's table over its measured times, as
+the provenance says), the model's shape and where every number came from (source, licence, vLLM
+version or profiler, when, what the import left out: ``notes``). What the
 step model does with them is :mod:`.opstep`'s. The bundled profiles are files of this format in
 ``narwhal/sim/data/profiles/`` named ``<GPU>__<org>__<model>.json.gz``.
 
