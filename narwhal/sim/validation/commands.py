@@ -28,7 +28,8 @@ def register(subparsers: Any) -> None:
         "--profile",
         type=Path,
         default=None,
-        help="LLMServingSim profile directory (profiler/perf/<GPU>/<org>/<model>/<dtype>/) or "
+        help="LLMServingSim profile directory (profiler/perf/<GPU>/<org>/<model>/<dtype>/, or "
+        "the older profiler/v0/perf_models/<GPU>/<org>/<model>/) or "
         "a Narwhal profile file; default: the bundled profile of the run's GPU and model",
     )
     parser.add_argument(
