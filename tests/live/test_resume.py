@@ -123,7 +123,7 @@ def test_a_consumer_dying_mid_stream_is_resumed_with_the_uninterrupted_text(
 def test_resume_off_keeps_the_terminal_error_event(
     emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
 ) -> None:
-    dying, healthy, handle = fleet(emulator, router, resume=False)
+    dying, _healthy, handle = fleet(emulator, router, resume=False)
     dying.faults({"kind": "disconnect", "after_tokens": DIE_AFTER})
     events, record = until_placed_on_the_dying(handle)
     assert text_of(events) == uninterrupted(DIE_AFTER)
@@ -151,7 +151,7 @@ def test_a_stream_that_cannot_be_replayed_exactly_ends_with_the_terminal_event(
     recovery: dict[str, Any],
     reason: str,
 ) -> None:
-    dying, healthy, handle = fleet(emulator, router, **recovery)
+    dying, _healthy, handle = fleet(emulator, router, **recovery)
     dying.faults({"kind": "disconnect", "after_tokens": DIE_AFTER})
     events, record = until_placed_on_the_dying(handle, **extra)
     assert "error" in events[-1] and "[DONE]" not in events
