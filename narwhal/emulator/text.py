@@ -13,8 +13,8 @@ tokens generated so far), so the continuation of a prompt followed by its first 
 tokens is exactly the rest of that prompt's generation (a resumed stream's exact continuity is
 checked against it). A prompt given as token ids is the text of those ids, its leading BOS
 dropped (the BOS is counted, not rendered). Token ids (``/tokenize``, ``/detokenize``) follow
-the tiny model's layout: the special tokens first (``<s>``, the BOS, is id 1), then one id per character
-(:func:`token_ids`, :func:`detokenized`).
+the tiny model's layout: the special tokens first (``<s>``, the BOS, is id 1), then one id per
+character (:func:`token_ids`, :func:`detokenized`).
 """
 
 from __future__ import annotations
