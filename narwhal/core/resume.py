@@ -107,10 +107,10 @@ def static_refusal(request: ClientRequest) -> str | None:
 
 
 def resumable(request: ClientRequest, enabled: bool) -> StreamResume | None:
-    """The follower of a request whose stream may be resumed, or None: resuming is off, the
-    client does not stream (a failure before its end is an ordinary retry), or the request's
-    options refuse an exact replay (then ``refused_statically`` tells which, see
-    :func:`static_refusal`)."""
+    """The follower of a streaming request's resumes, or None: resuming is off, or the client
+    does not stream (a failure before its end is an ordinary retry). A request whose options
+    refuse an exact replay is followed too, its ``static`` saying why (:func:`static_refusal`),
+    so that its committed failures are counted as refused; its legs are sent as written."""
     if not enabled or not request.stream:
         return None
     return StreamResume(request, static_refusal(request))
