@@ -4,7 +4,7 @@ Why: a capacity-planning sweep runs the simulator millions of times per request-
 plans, and a router's CPU per request and per streamed chunk is what bounds a core's streams.
 So the modules a simulated request and a served request pass through (the core's request path,
 the simulated engine and its driver, the live HTTP server, engine client and transport) are
-compiled to C from the same typed sources: about 2.4 times fewer instructions per simulated
+compiled to C from the same typed sources: about 2.2 times fewer instructions per simulated
 request (``benchmarks/simulator/sim_instructions.py``) and about two thirds of the
 user-space instructions per served request and per streamed chunk
 (``benchmarks/router/router_instructions.py``); docs/simulator.md (Speed) and

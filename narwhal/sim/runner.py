@@ -2,8 +2,8 @@
 
 Rule kept here: the runner wires, it does not decide. Requests enter by
 :func:`narwhal.core.entry.admit_and_serve` (the router's admission bound) and are served by
-:func:`narwhal.core.lifecycle.serve_request` and probes/health checks by
-:func:`narwhal.core.probe.maintenance_loop`, unchanged, through the ports of
+:func:`narwhal.core.lifecycle.serve_request`; probes and health checks run in
+:func:`narwhal.core.probe.maintenance_loop`; all unchanged, through the ports of
 :mod:`narwhal.sim.driver`; the runner only feeds arrivals, flips faults and observes.
 
 Theory of operation: one seed makes the run. It is split into independent RNGs (workload,
