@@ -23,6 +23,12 @@ with the decision's own details
 (``reason`` and ``streak`` of an ejection, ``via`` of a readmission, ``until`` of a quarantine,
 ``outcome`` of a probe) and, for an ejection, ``next_probe_at``, read from the breaker once
 :meth:`~EngineEventLog.attach` has given it the router's policies.
+
+What a replay needs besides (``narwhal replay``; written only into a JSON log, ``replay_lines``,
+not as an embedder's warnings): an ``attempt_failed`` line for each attempt that failed and was
+retried (``engine`` charged, ``fault``, ``request``: the request line says only how the last
+attempt ended), and at start a ``router`` line (:meth:`EngineEventLog.router_started`) with
+the fleet (``engines``: url and role) and the ``[engine]`` and ``[recovery]`` settings in force.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from narwhal.core.config import NarwhalConfig
 from narwhal.core.policies import Policies
 from narwhal.core.records import Decision
 from narwhal.live.clock import AnyioClock, to_wall
@@ -45,14 +52,16 @@ _EVENTS = {
     "panic": "role_panic",
     "panic_end": "role_panic_end",
 }
+_REPLAY_EVENTS = {"retry": "attempt_failed"}  # written with replay_lines only
 _RATE_LIMITED = frozenset({"quarantine", "probe_result"})
 
 
 class EngineEventLog:
     """Writes the engine-health lines of the decisions it is handed (see the module)."""
 
-    def __init__(self, write: RequestLog, clock: AnyioClock) -> None:
+    def __init__(self, write: RequestLog, clock: AnyioClock, replay_lines: bool = False) -> None:
         self.write = write
+        self.replay_lines = replay_lines
         self.clock = clock
         self.policies: Policies | None = None
         self._last: dict[tuple[str, str], float] = {}  # (engine, kind): when last written
@@ -61,9 +70,24 @@ class EngineEventLog:
     def attach(self, policies: Policies) -> None:
         self.policies = policies
 
+    def router_started(self, config: NarwhalConfig) -> None:
+        """The ``router`` line: the fleet and the settings a replay starts from."""
+        if not self.replay_lines:
+            return
+        line = {
+            "event": "router",
+            "time": to_wall(self.clock, self.clock.now()),
+            "engines": [{"url": e.url, "role": e.role.value} for e in config.engines],
+            "engine": config.engine.model_dump(mode="json"),
+            "recovery": config.recovery.model_dump(mode="json"),
+        }
+        self.write(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+
     def __call__(self, decision: Decision) -> None:
         kind = decision.kind
         event = _EVENTS.get(kind)
+        if event is None:
+            event = _REPLAY_EVENTS.get(kind) if self.replay_lines else None
         if event is None:
             return
         detail = dict(decision.detail)

@@ -54,7 +54,14 @@ def test_stdout_holds_only_json_lines_and_people_read_stderr(
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     lines = [json.loads(line) for line in out.splitlines()]  # every stdout line is JSON
-    assert [line["event"] for line in lines] == ["request", "request"]
+    assert [line["event"] for line in lines] == ["router", "request", "request"]
+    # the router line: the fleet and settings a replay starts from (narwhal replay)
+    assert [e["url"] for e in lines[0]["engines"]] == [producer.url, consumer.url]
+    assert lines[0]["recovery"]["eject_after"] == 3
+    # what a replay needs of each prompt, never its text
+    assert {(r["prompt_bytes"], r["max_tokens"], tuple(r["prefix"])) for r in lines[1:]} == {
+        (2, 2, ())
+    }
     assert f"listening on http://127.0.0.1:{port}" in err and producer.url in err
     assert f"(api key off, {EXPECTED_BUILD} build)" in err  # which build serves
 
