@@ -35,8 +35,8 @@ from narwhal.core.entry import admit_and_serve
 from narwhal.core.lifecycle import serve_request
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports
-from narwhal.core.records import RequestRecord
 from narwhal.core.prompt_identity import prompt_fields
+from narwhal.core.records import RequestRecord
 from narwhal.core.requests import BadRequest, ClientRequest, parse_client_request
 from narwhal.core.shutdown import answer_shutdown
 from narwhal.core.stalls import StallLedger

@@ -209,9 +209,7 @@ class RequestReporter:
                 attributes["gen_ai.request.model"] = served.requested_model
             trace.finish(record, attributes)
 
-    def _log_line(
-        self, record: RequestRecord, model: str, prompt: dict[str, Any] | None
-    ) -> bytes:
+    def _log_line(self, record: RequestRecord, model: str, prompt: dict[str, Any] | None) -> bytes:
         """The request's one JSON log line (with what a replay needs of its prompt, when the
         body was parsed: ``narwhal.core.prompt_identity``)."""
         line = {
