@@ -6,20 +6,20 @@ Rule kept here: a fault is derived only from what the router charged to an engin
 simulator has no way to act out, or that is the load's doing rather than an engine's
 (``handoff_too_old``, ``deadline``), is listed in :attr:`FaultHistory.not_replayed`, never
 silently dropped. The ejections and readmissions are evidence, not faults: they say how long an
-engine stayed bad (failed probes extend a window; an engine never readmitted stays bad to the
-log's end) and are kept to be compared with the replay's.
+engine stayed bad (its probes failed until it was readmitted; an engine never readmitted stays
+bad to the log's end) and are kept to be compared with the replay's.
 
 Theory of operation: every failed attempt is a :class:`Failure` — a request line whose outcome
 is a charged fault (the engine: the last one the request used, which is the one whose leg was
 running; for ``bad_descriptor`` that is the producer), or an ``attempt_failed`` line (an attempt
 retried; the line names the engine). Its time is when the failing leg opened: the request's
 arrival for a producer-leg fault, plus its ``ttft_s`` (the producer leg's end, when the decode
-opened) for a decode-leg one. Failures of one engine and one simulated kind
-(:data:`SIM_KIND`) less than :data:`MERGE_GAP_S` apart make one window, from the first leg's
-opening to the last's (or the last failed probe, or the log's end for an engine never
-readmitted), padded by :data:`PAD_S`; its ``probability`` is the share of the legs opened on
-that engine in the window that failed. A stream fault's ``after_tokens`` is the median count of
-tokens the failed requests got.
+opened) for a decode-leg one. Failures of one engine and one simulated kind (:data:`SIM_KIND`)
+less than :data:`MERGE_GAP_S` apart make one window, from the first leg's opening to the
+last's (when the router ejected the engine for them: until just before its readmission, or
+the log's end if it was never readmitted), padded by :data:`PAD_S`; its ``probability`` is the
+share of the legs opened on that engine in the window that failed. A stream fault's
+``after_tokens`` is the median count of tokens the failed requests got.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class Window:
     failures: int
     faults: tuple[str, ...]  # the FaultKind values it stands for
     lines: tuple[int, int]  # first and last log line of its evidence
-    until: str  # what ends it: "last failure", "last failed probe", "end of log"
+    until: str  # what ends it: "last failure", "readmission", "end of log (never readmitted)"
 
     def spec(self) -> FaultSpec:
         values: dict[str, object] = {
@@ -168,7 +168,6 @@ def derive(log: RequestLog) -> FaultHistory:
     """The log's fault history (module docstring)."""
     history = FaultHistory()
     t0, end = log.t0, log.end - log.t0
-    probes: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for e in log.events:
         if e.event in ("engine_ejected", "engine_readmitted"):
             if e.event == "engine_ejected":
@@ -176,8 +175,6 @@ def derive(log: RequestLog) -> FaultHistory:
             else:
                 detail = f"via {e.detail.get('via')}"
             history.actions.append(Action(e.time - t0, e.engine, e.event, detail, e.line))
-        elif e.event == "engine_probe_failed":
-            probes[e.engine].append((e.time - t0, e.line))
     groups: dict[tuple[str, str], list[list[Failure]]] = defaultdict(list)
     for failure in failures(log):
         kind = SIM_KIND.get(failure.fault)
@@ -193,7 +190,7 @@ def derive(log: RequestLog) -> FaultHistory:
     for (engine, kind), runs in groups.items():
         for run in runs:
             history.windows.append(
-                _window(engine, kind, run, legs.get(engine, []), history.actions, probes, end)
+                _window(engine, kind, run, legs.get(engine, []), history.actions, end)
             )
     history.windows.sort(key=lambda w: (w.start, w.engine, w.kind))
     return history
@@ -205,13 +202,11 @@ def _window(
     run: list[Failure],
     legs: list[float],
     actions: list[Action],
-    probes: dict[str, list[tuple[float, int]]],
     log_end: float,
 ) -> Window:
     start, end, until = run[0].at, run[-1].at, "last failure"
-    last_line = run[-1].line
-    # ejected during the window: it stayed bad while its probes failed, and to the log's end
-    # if it was never readmitted
+    # ejected for it: it stayed bad (its probes failed) until just before its readmission, or
+    # to the log's end if it was never readmitted
     ejected = [a.at for a in actions if a.engine == engine and a.event == "engine_ejected"]
     ejection = next((t for t in ejected if start <= t <= end + MERGE_GAP_S), None)
     if ejection is not None:
@@ -219,15 +214,10 @@ def _window(
             a.at for a in actions if a.engine == engine and a.event == "engine_readmitted"
         ]
         back = next((t for t in readmitted if t > ejection), None)
-        failed = [
-            (t, n)
-            for t, n in probes.get(engine, [])
-            if ejection <= t and (back is None or t < back)
-        ]
-        if failed and failed[-1][0] > end:
-            end, until, last_line = failed[-1][0], "last failed probe", failed[-1][1]
-        if back is None and log_end > end:
-            end, until = log_end, "end of log (never readmitted)"
+        if back is None:
+            end, until = max(end, log_end), "end of log (never readmitted)"
+        elif back - 2 * PAD_S > end:
+            end, until = back - 2 * PAD_S, "readmission"
     start, end = max(0.0, start - PAD_S), end + PAD_S
     succeeded = sum(1 for t in legs if start <= t <= run[-1].at + PAD_S)
     tokens = [f.tokens for f in run]
@@ -240,6 +230,6 @@ def _window(
         after_tokens=round(statistics.median(tokens)) if kind in STREAM_FAULTS else 0,
         failures=len(run),
         faults=tuple(sorted({f.fault for f in run})),
-        lines=(run[0].line, last_line),
+        lines=(run[0].line, run[-1].line),
         until=until,
     )

@@ -27,6 +27,7 @@ from typing import Any
 
 import tomli_w
 
+from narwhal.core.requests import CHAT
 from narwhal.sim.fault_history import FaultHistory, derive
 from narwhal.sim.faults import targets
 from narwhal.sim.request_log import RequestLog, read_request_log
@@ -58,6 +59,11 @@ def _table(name: str, values: dict[str, Any]) -> str:
 def _array_entry(name: str, values: dict[str, Any]) -> str:
     body = tomli_w.dumps({k: v for k, v in values.items() if v is not None})
     return f"[[{name}]]\n{body}"
+
+
+def _lines(lines: tuple[int, int]) -> str:
+    first, last = lines
+    return f"line {first}" if first == last else f"lines {first}-{last}"
 
 
 def fleet_roles(log: RequestLog) -> tuple[dict[str, str], list[str]]:
@@ -137,13 +143,20 @@ def replay_scenario(path: str | Path) -> Replay:
         "# the log's requests: arrivals, prompt and output tokens, prompt identity "
         "(docs/experiments.md, Replaying the router's own traffic)"
     )
-    out.append(_table("workload", {"kind": "log", "log": str(Path(path).resolve())}))
+    workload: dict[str, Any] = {"kind": "log", "log": str(Path(path).resolve())}
+    endpoints = Counter(r.endpoint for r in log.requests if r.endpoint is not None)
+    streams = Counter(r.stream for r in log.requests if r.stream is not None)
+    if endpoints and endpoints.most_common(1)[0][0] == CHAT:
+        workload["endpoint"] = "chat"  # the simulated requests take the log's usual endpoint
+    if streams and not streams.most_common(1)[0][0]:
+        workload["stream"] = False
+    out.append(_table("workload", workload))
     written = 0
     for window in history.windows:
         spec = window.spec()
         source = (
             f"# {window.failures} x {', '.join(window.faults)} on {window.engine} "
-            f"(log lines {window.lines[0]}-{window.lines[1]}); until the {window.until}"
+            f"(log {_lines(window.lines)}); until the {window.until}"
         )
         try:
             targets(spec, roles)

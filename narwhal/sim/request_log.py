@@ -62,6 +62,8 @@ class LoggedRequest:
     max_tokens: int | None = None
     prompt_bytes: int | None = None
     prefix: tuple[str, ...] = ()
+    endpoint: str | None = None  # the route (/v1/completions, /v1/chat/completions)
+    stream: bool | None = None
 
     @property
     def ended(self) -> float:
@@ -129,6 +131,20 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _fits(kind: str, value: Any) -> bool:
+    if kind == "number":
+        return _number(value)
+    if kind == "int":
+        return _integer(value) and value >= 0
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "strings":
+        return isinstance(value, list) and all(isinstance(s, str) for s in value)
+    return isinstance(value, dict)  # "object"
+
+
 class _Line:
     """One parsed line, with typed access that blames the line and the field."""
 
@@ -147,15 +163,7 @@ class _Line:
         value = self.data[key]
         if value is None and optional:
             return None
-        checks = {
-            "number": _number,
-            "int": lambda v: _integer(v) and v >= 0,
-            "str": lambda v: isinstance(v, str),
-            "bool": lambda v: isinstance(v, bool),
-            "strings": lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
-            "object": lambda v: isinstance(v, dict),
-        }
-        if not checks[kind](value):
+        if not _fits(kind, value):
             names = {"int": "a non-negative integer", "strings": "a list of strings"}
             raise self.fail(f"{key!r} must be {names.get(kind, 'a ' + kind)}, got {value!r}")
         return value
@@ -179,6 +187,8 @@ def _request(line: _Line, number: int) -> LoggedRequest:
         max_tokens=line.get("max_tokens", "int", optional=True),
         prompt_bytes=line.get("prompt_bytes", "int", optional=True),
         prefix=tuple(line.get("prefix", "strings", optional=True) or ()),
+        endpoint=line.get("endpoint", "str", optional=True),
+        stream=line.get("stream", "bool", optional=True),
     )
 
 
