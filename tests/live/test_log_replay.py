@@ -30,7 +30,7 @@ from narwhal.sim.replay import replay_scenario
 from narwhal.sim.request_log import LogError, read_request_log
 from narwhal.sim.runner import run
 from narwhal.sim.scenario import load_scenario
-from narwhal.sim.workload import generate
+from narwhal.sim.workload import WorkloadSettings, generate
 from tests.live.conftest import HTTP, Emulator, RouterHandle
 
 EJECT_AFTER = 2
@@ -169,13 +169,33 @@ def test_an_engine_the_router_never_readmitted_stays_faulty_to_the_end(tmp_path:
     for failed in requests[1:3]:
         failed.update(status=504, outcome="first_token_timeout", output_tokens=0)
     ejected = {"event": "engine_ejected", "time": t + 2.5, "engine": "http://d1"}
+    retried = {"event": "attempt_failed", "time": t + 3.2, "engine": "http://d0"}
+    retried |= {"fault": "engine_5xx", "request": "r3"}
     path = write_lines(tmp_path / "log.jsonl", *(json.dumps(r) for r in requests))
     with path.open("a") as log:
         log.write(json.dumps({**ejected, "reason": "first_token_timeout", "streak": 2}) + "\n")
+        log.write(json.dumps(retried) + "\n")
+        log.write(json.dumps({"event": "role_panic", "time": t + 3.3, "engine": ""}) + "\n")
     replay = replay_scenario(path)
     assert replay.roles == {"http://p": "prefill", "http://d0": "decode", "http://d1": "decode"}
-    (window,) = replay.history.windows
+    assert "# lines not used: role_panic x 1" in replay.text
+    # the retried attempt: an HTTP 5xx on d0 from its request's arrival
+    window, retry = replay.history.windows
+    assert (retry.engine, retry.kind, retry.start, retry.lines) == (
+        "http://d0",
+        "http_5xx",
+        2.99,
+        (6, 6),
+    )
     assert (window.engine, window.kind, window.probability) == ("http://d1", "stall", 1.0)
     assert window.start == pytest.approx(1.0 + 0.01 - 0.01)
-    assert window.end == pytest.approx(3.1 + 0.01) and window.until.startswith("end of log")
+    assert window.end == pytest.approx(3.2 + 0.01)  # the last line used: the retried attempt
+    assert window.until.startswith("end of log")
     assert replay.history.ejected == ["http://d1"]
+
+
+def test_a_log_workload_needs_its_log_and_only_it_takes_one() -> None:
+    with pytest.raises(ValueError, match="needs 'log'"):
+        WorkloadSettings(kind="log")
+    with pytest.raises(ValueError, match="'log' is only for kind"):
+        WorkloadSettings(kind="poisson", log="requests.jsonl", max_requests=3)
