@@ -4,10 +4,12 @@ windows the simulator can act out, and what the router did about it (ejections, 
 Rule kept here: a fault is derived only from what the router charged to an engine (the core's
 :data:`~narwhal.core.errors.FAULT_RULES`: ``charged``), on the engine it charged; a failure the
 simulator has no way to act out, or that is the load's doing rather than an engine's
-(``handoff_too_old``, ``deadline``), is listed in :attr:`FaultHistory.not_replayed`, never
-silently dropped. The ejections and readmissions are evidence, not faults: they say how long an
-engine stayed bad (its probes failed until it was readmitted; an engine never readmitted stays
-bad to the log's end) and are kept to be compared with the replay's.
+(``handoff_too_old``), is listed in :attr:`FaultHistory.not_replayed`, never silently dropped;
+what the router does not charge (``deadline``, ``no_engine``, an engine's 4xx, a client gone)
+is no engine's fault, and the replay's router makes its own. The ejections and readmissions are
+evidence, not faults: they say how long an engine stayed bad (its probes failed until it was
+readmitted; an engine never readmitted stays bad to the log's end) and are kept to be compared
+with the replay's.
 
 Theory of operation: every failed attempt is a :class:`Failure` — a request line whose outcome
 is a charged fault (the engine: the last one the request used, which is the one whose leg was

@@ -159,7 +159,7 @@ class _Line:
         if key not in self.data:
             if optional:
                 return None
-            raise self.fail(f"a {self.data['event']!r} line needs {key!r}")
+            raise self.fail(f"the {self.data['event']!r} line has no {key!r}")
         value = self.data[key]
         if value is None and optional:
             return None

@@ -139,8 +139,14 @@ REQUEST = {
         (["not json"], "line 1: not a JSON line"),
         ([json.dumps(REQUEST), "[1, 2]"], 'line 2: not a log line (a JSON object with an "event")'),
         ([json.dumps({**REQUEST, "status": "200"})], "line 1: 'status' must be a non-negative"),
-        ([json.dumps({k: v for k, v in REQUEST.items() if k != "arrival"})], "needs 'arrival'"),
-        ([json.dumps({"event": "engine_ejected", "time": 1.0})], "line 1: a 'engine_ejected'"),
+        (
+            [json.dumps({k: v for k, v in REQUEST.items() if k != "arrival"})],
+            "line 1: the 'request' line has no 'arrival'",
+        ),
+        (
+            [json.dumps({"event": "engine_ejected", "time": 1.0})],
+            "line 1: the 'engine_ejected' line has no 'engine'",
+        ),
         ([json.dumps({"event": "router", "time": 1.0, "engines": [1]})], "line 1: 'engines'"),
         (["", json.dumps({"event": "role_panic", "time": 1.0})], "no request lines"),
     ],
