@@ -22,8 +22,10 @@ from typing import Any
 from narwhal.core.requests import ClientRequest
 from narwhal.core.routing.prefix import block_hashes, rendered_prompt
 
-LOG_BLOCK_BYTES = 512  # about 128 tokens of English text
-LOG_BLOCKS = 256  # a prompt's first 128 KiB: past it, nothing more is logged of its identity
+# about 512 tokens of English text: the granularity of Mooncake's published block hashes (the
+# bundled traces'), and few enough blocks that hashing costs little more than reading the bytes
+LOG_BLOCK_BYTES = 2048
+LOG_BLOCKS = 128  # a prompt's first 256 KiB: past it, nothing more is logged of its identity
 HASH_HEX = 12  # 48 bits a block: collisions improbable among hundreds of millions of blocks
 
 

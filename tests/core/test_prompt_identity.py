@@ -19,7 +19,10 @@ def test_equal_hashes_mean_equal_prefixes_and_no_text_is_logged() -> None:
     assert one["prefix"][:2] == two["prefix"][:2]  # type: ignore[index]
     assert one["prefix"][2] != two["prefix"][2]  # type: ignore[index]
     assert (len(one["prefix"]), len(two["prefix"])) == (3, 3)  # type: ignore[arg-type]
-    assert (one["prompt_bytes"], two["prompt_bytes"]) == (1536, 1540)
+    assert (one["prompt_bytes"], two["prompt_bytes"]) == (
+        3 * LOG_BLOCK_BYTES,
+        3 * LOG_BLOCK_BYTES + 4,
+    )
     assert (one["max_tokens"], two["max_tokens"]) == (9, None)
     assert "sss" not in json.dumps(one) and "tail" not in json.dumps(two)
 
