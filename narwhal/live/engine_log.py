@@ -26,7 +26,8 @@ with the decision's own details
 
 What a replay needs besides (``narwhal replay``; written only into a JSON log, ``replay_lines``,
 not as an embedder's warnings): an ``attempt_failed`` line for each attempt that failed and was
-retried (``engine`` charged, ``fault``, ``request``: the request line says only how the last
+retried, or whose committed stream was resumed elsewhere (``engine`` charged, ``fault``,
+``request``, and ``resumed``: true for a resumed stream; the request line says only how the last
 attempt ended), and at start a ``router`` line (:meth:`EngineEventLog.router_started`) with
 the fleet (``engines``: url and role) and the ``[engine]`` and ``[recovery]`` settings in force.
 """
@@ -52,7 +53,8 @@ _EVENTS = {
     "panic": "role_panic",
     "panic_end": "role_panic_end",
 }
-_REPLAY_EVENTS = {"retry": "attempt_failed"}  # written with replay_lines only
+# written with replay_lines only (a resumed stream's failure is an attempt that failed too)
+_REPLAY_EVENTS = {"retry": "attempt_failed", "resume": "attempt_failed"}
 _RATE_LIMITED = frozenset({"quarantine", "probe_result"})
 
 
@@ -93,6 +95,11 @@ class EngineEventLog:
         detail = dict(decision.detail)
         if kind == "probe_result" and detail.get("outcome") != "failed":
             return
+        if kind == "resume":  # a committed stream's failure: one more failed attempt, resumed
+            if detail.get("outcome") != "resumed":
+                return
+            detail = {"fault": detail.get("reason"), "request": detail.get("request")}
+            detail["resumed"] = True
         engine = decision.engine or ""
         line: dict[str, Any] = {
             "event": event,
