@@ -64,6 +64,7 @@ __all__ = [
 
 TRACE_CITATION = AZURE_CITATION  # the default trace's
 FIXED_ONLY = frozenset({"arrivals_s", "prompt_tokens", "output_tokens"})  # kind = "fixed" keys
+_NOT_FOR_LOG = frozenset({"trace", "rate", "cv", "rate_scale", "start_s", "repeat"})
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,12 @@ class WorkloadSettings(BaseModel):
                 raise ValueError("kind = \"log\" needs 'log' (narwhal serve's request log)")
             if self.prompt is not None or self.output is not None:
                 raise ValueError('kind = "log" takes its lengths from the log')
+            unused = sorted(_NOT_FOR_LOG & self.model_fields_set)
+            if unused:
+                raise ValueError(
+                    f'{", ".join(unused)}: not used by kind = "log" (it replays the log\'s own '
+                    "arrival times)"
+                )
         elif self.log is not None:
             raise ValueError("'log' is only for kind = \"log\"")
         if self.kind == "run":

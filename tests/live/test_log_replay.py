@@ -26,6 +26,7 @@ import pytest
 
 from narwhal.cli import main
 from narwhal.emulator.timing import LinearTiming
+from narwhal.experiments.overrides import resolve
 from narwhal.sim.replay import replay_scenario
 from narwhal.sim.request_log import LogError, read_request_log
 from narwhal.sim.runner import run
@@ -208,3 +209,7 @@ def test_a_log_workload_needs_its_log_and_only_it_takes_one() -> None:
         WorkloadSettings(kind="log")
     with pytest.raises(ValueError, match="'log' is only for kind"):
         WorkloadSettings(kind="poisson", log="requests.jsonl", max_requests=3)
+    with pytest.raises(ValueError, match='rate: not used by kind = "log"'):
+        WorkloadSettings(kind="log", log="requests.jsonl", rate=10.0)
+    with pytest.raises(ValueError, match="no rate to scale"):
+        resolve({"workload": {"kind": "log", "log": "requests.jsonl", "rate_multiplier": 2.0}})
