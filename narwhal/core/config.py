@@ -300,6 +300,10 @@ class PrefixAffinitySettings(_Strict):
 NoProducer = Literal["fail", "local"]
 """What a request gets when no producer is placeable: 503 + Retry-After, or a local prefill."""
 
+PrefillFallback = Literal["none", "local"]
+"""What a request gets when every producer attempt it may make failed: the last fault's status,
+or a prefill by its consumer (narwhal.core.retry.falls_back_locally)."""
+
 
 class RoutingSettings(_Strict):
     """Which routing policy places each phase, the policies' parameters, and which requests are
@@ -311,6 +315,7 @@ class RoutingSettings(_Strict):
     # contract's same-worker path); 0: every prompt is prefilled on a producer
     remote_prefill_min_tokens: Annotated[Count, Field(ge=0, le=10_000_000)] = 0
     no_producer: NoProducer = "fail"
+    prefill_fallback: PrefillFallback = "none"
     least_loaded: LeastLoadedSettings = LeastLoadedSettings()
     prefix_affinity: PrefixAffinitySettings = PrefixAffinitySettings()
 

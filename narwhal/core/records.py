@@ -97,6 +97,7 @@ class RequestRecord:
         "first_byte_s",
         "outcome",
         "output_tokens",
+        "prefill_fallback",
         "prompt_tokens",
         "request_id",
         "status",
@@ -119,6 +120,7 @@ class RequestRecord:
         output_tokens: int,
         error: str | None = None,
         prompt_tokens: int | None = None,
+        prefill_fallback: bool = False,
     ) -> None:
         self.request_id: Final = request_id
         self.arrival: Final = arrival
@@ -136,6 +138,9 @@ class RequestRecord:
         # the prompt's tokens as an engine reported them (usage.prompt_tokens; None: no engine
         # said; the router has no tokenizer)
         self.prompt_tokens: Final = prompt_tokens
+        # the consumer prefilled the prompt after every producer attempt failed
+        # ([routing] prefill_fallback = "local")
+        self.prefill_fallback: Final = prefill_fallback
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RequestRecord) and self.as_dict() == other.as_dict()
@@ -158,5 +163,6 @@ class RequestRecord:
             "engines": list(self.engines),
             "output_tokens": self.output_tokens,
             "prompt_tokens": self.prompt_tokens,
+            "prefill_fallback": self.prefill_fallback,
             "error": self.error,
         }

@@ -222,6 +222,7 @@ class RequestReporter:
             "committed": record.committed,
             "output_tokens": record.output_tokens,
             "prompt_tokens": record.prompt_tokens,
+            "prefill_fallback": record.prefill_fallback,
             "error": record.error,
         }
         return json_line(line)

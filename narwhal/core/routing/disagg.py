@@ -3,9 +3,12 @@
 Rule kept here: a request is prefilled by its consumer (the contract's same-worker path: the
 decode leg carries no transfer parameters) only for a reason this module names — its estimated
 uncached prompt is shorter than ``[routing] remote_prefill_min_tokens`` (``short_prompt``), or
-no producer is placeable and ``[routing] no_producer = "local"`` (``no_producer``); every other
+no producer is placeable and ``[routing] no_producer = "local"`` (``no_producer``), or every
+producer attempt it could make failed and ``[routing] prefill_fallback = "local"``
+(``producer_failed``; decided by :func:`narwhal.core.retry.falls_back_locally`); every other
 request is prefilled remotely, as by default (``remote_prefill_min_tokens = 0``,
-``no_producer = "fail"``), where nothing here changes a placement or draws randomness.
+``no_producer = "fail"``, ``prefill_fallback = "none"``), where nothing here changes a placement
+or draws randomness.
 
 Theory of operation: the router has no tokenizer. :func:`estimated_prompt_tokens` counts a
 tokenized prompt's ids, and otherwise the bytes of the rendered prompt
@@ -29,6 +32,7 @@ from narwhal.core.routing.prefix import PrefixAffinity, rendered_prompt
 
 SHORT_PROMPT = "short_prompt"
 NO_PRODUCER = "no_producer"
+PRODUCER_FAILED = "producer_failed"
 
 
 def _token_ids(request: ClientRequest) -> int | None:
@@ -56,13 +60,24 @@ class PrefillRoutes:
     remote: int = 0
     short_prompt: int = 0
     no_producer: int = 0
+    producer_failed: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {
             "remote": self.remote,
             SHORT_PROMPT: self.short_prompt,
             NO_PRODUCER: self.no_producer,
+            PRODUCER_FAILED: self.producer_failed,
         }
+
+    def count_local(self, reason: str) -> None:
+        """One more attempt prefilled by its consumer, for ``reason``."""
+        if reason == SHORT_PROMPT:
+            self.short_prompt += 1
+        elif reason == NO_PRODUCER:
+            self.no_producer += 1
+        else:
+            self.producer_failed += 1
 
 
 class Disaggregation:
@@ -71,6 +86,7 @@ class Disaggregation:
     def __init__(self, settings: RoutingSettings, decode_policy: RoutingPolicy) -> None:
         self.min_remote_tokens = settings.remote_prefill_min_tokens
         self.local_without_producer = settings.no_producer == "local"
+        self.local_after_producer_failure = settings.prefill_fallback == "local"
         self._index = decode_policy if isinstance(decode_policy, PrefixAffinity) else None
         self.routes = PrefillRoutes()
 
