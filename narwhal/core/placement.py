@@ -192,7 +192,7 @@ class Placement:
             return False
         consumers = self.candidates("decode", now)
         fresh = [url for url in consumers if url not in avoid]
-        return disaggregation.short_prompt(request, fresh or consumers)
+        return disaggregation.short_prompt(request, fresh or consumers, now)
 
     def report_load(self, url: str, load: EngineLoad, now: float) -> None:
         """``url`` reported ``load`` as of ``now`` (read by ``least_loaded``; see

@@ -82,3 +82,24 @@ def test_kv_aware_without_a_block_identity_is_refused_with_the_reason() -> None:
     counts = {A: {"prefill": 0, "decode": 0}}
     with pytest.raises(KvAwareUnavailable, match=r"routing\.prefill = 'kv_aware'.*simulator"):
         KvAware("prefill", counts, random.Random(0), KvIndex(), None, KvAwareSettings())
+
+
+def test_the_consumers_own_events_decide_how_much_of_a_prompt_is_uncached() -> None:
+    from narwhal.core.config import RoutingSettings
+    from narwhal.core.routing.disagg import Disaggregation
+
+    counts = {A: {"prefill": 0, "decode": 0}, B: {"prefill": 0, "decode": 0}}
+    index = KvIndex(speculative_ttl_s=0.0)
+
+    def blocks_of(req: ClientRequest) -> Sequence[BlockHash] | None:
+        return req.body.get("blocks")
+
+    kv = KvAware("decode", counts, random.Random(1), index, blocks_of, KvAwareSettings())
+    disagg = Disaggregation(RoutingSettings(remote_prefill_min_tokens=20), kv)
+    prompt = ClientRequest("r", COMPLETIONS, {"prompt": list(range(70)), "blocks": [1, 2, 3, 4]}, 0)
+    assert disagg.uncached_tokens(prompt, [A, B]) == 70 and not disagg.short_prompt(prompt, [A, B])
+    stored(index, B, 1, 2, 3)  # 3 blocks of 16 tokens: 48 of the 70 held on B
+    assert disagg.uncached_tokens(prompt, [A, B]) == 22
+    stored(index, B, 4)
+    assert disagg.uncached_tokens(prompt, [A, B]) == 6 and disagg.short_prompt(prompt, [A, B])
+    assert disagg.uncached_tokens(prompt, [A]) == 70  # A holds nothing

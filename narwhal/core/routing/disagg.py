@@ -17,8 +17,10 @@ as JSON), the unit ``prefix_affinity``'s index counts in; a byte-level BPE token
 one byte, so for text this overestimates the tokens, and only prompts that are surely short go
 to their consumer. When the decode phase is placed by ``prefix_affinity``, what its index says
 the consumer it would choose already holds (:meth:`PrefixAffinity.held_blocks`, no side
-effects) is taken off, in proportion of the rendered prompt; otherwise the whole prompt counts
-as uncached. :class:`PrefillRoutes` counts the choices (``/status``, ``/metrics``).
+effects) is taken off, in proportion of the rendered prompt; when it is placed by ``kv_aware``,
+the blocks the consumer it would choose holds by its own KV events, times the block size those
+events report (:meth:`KvAware.held_tokens`); otherwise the whole prompt counts as uncached.
+:class:`PrefillRoutes` counts the choices (``/status``, ``/metrics``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 from narwhal.core.config import RoutingSettings
 from narwhal.core.requests import COMPLETIONS, ClientRequest
+from narwhal.core.routing.kv_aware import KvAware
 from narwhal.core.routing.policy import RoutingPolicy
 from narwhal.core.routing.prefix import PrefixAffinity, rendered_prompt
 
@@ -88,11 +91,17 @@ class Disaggregation:
         self.local_without_producer = settings.no_producer == "local"
         self.local_after_producer_failure = settings.prefill_fallback == "local"
         self._index = decode_policy if isinstance(decode_policy, PrefixAffinity) else None
+        self._kv = decode_policy if isinstance(decode_policy, KvAware) else None
         self.routes = PrefillRoutes()
 
-    def uncached_tokens(self, request: ClientRequest, consumers: list[str]) -> int:
+    def uncached_tokens(
+        self, request: ClientRequest, consumers: list[str], now: float = 0.0
+    ) -> int:
         """The estimated prompt tokens the consumer the decode policy would choose among
         ``consumers`` does not hold."""
+        if self._kv is not None:  # what the consumer's own KV events say it holds
+            tokens = estimated_prompt_tokens(request)
+            return max(0, tokens - self._kv.held_tokens(consumers, request, now))
         index = self._index
         if index is None or not consumers:
             return estimated_prompt_tokens(request)
@@ -102,9 +111,9 @@ class Disaggregation:
         held = min(rendered, index.held_blocks(consumers, request) * index.block_size)
         return tokens - tokens * held // rendered if rendered else tokens
 
-    def short_prompt(self, request: ClientRequest, consumers: list[str]) -> bool:
+    def short_prompt(self, request: ClientRequest, consumers: list[str], now: float = 0.0) -> bool:
         """Whether ``request``'s consumer should prefill it: its uncached prompt is below
         ``remote_prefill_min_tokens`` (never when that is 0)."""
         if self.min_remote_tokens == 0:
             return False
-        return self.uncached_tokens(request, consumers) < self.min_remote_tokens
+        return self.uncached_tokens(request, consumers, now) < self.min_remote_tokens

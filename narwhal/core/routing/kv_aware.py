@@ -95,6 +95,18 @@ class KvAware(RoutingPolicy):
             out.append((cost, held))
         return out
 
+    def held_tokens(self, candidates: list[str], request: ClientRequest, now: float) -> int:
+        """The prompt tokens the candidate this policy would choose holds (no side effects, no
+        draw: the lowest cost, the first among equals), by that engine's block size as its
+        events report it (0 while it has reported none)."""
+        chain = self._chain_of(request)
+        if not chain or not candidates:
+            return 0
+        scored = self.costs(candidates, chain, now)
+        pick = min(range(len(scored)), key=lambda i: scored[i][0])
+        size = self.index.block_size(candidates[pick])
+        return 0 if size is None else scored[pick][1] * size
+
     def choose(self, candidates: list[str], request: ClientRequest | None, now: float) -> str:
         chain = self._chain_of(request) if request is not None else None
         scored = self.costs(candidates, chain or (), now)

@@ -65,6 +65,7 @@ class _EngineBlocks:
     last_seq: int | None = None
     approximate: bool = False
     batches: int = 0
+    block_size: int | None = None  # tokens per block, as its BlockStored events say
 
 
 class KvIndex:
@@ -110,6 +111,7 @@ class KvIndex:
         for event in batch.events:
             if isinstance(event, BlockStored):
                 if event.medium in (None, GPU):
+                    engine.block_size = event.block_size
                     self._store(url, engine, event.block_hashes)
             elif isinstance(event, BlockRemoved):
                 if event.medium in (None, GPU):
@@ -217,6 +219,11 @@ class KvIndex:
         """Whether ``url``'s reported entries are not trusted now (a gap or a stream down)."""
         engine = self._engines.get(url)
         return engine is not None and engine.approximate
+
+    def block_size(self, url: str) -> int | None:
+        """Tokens per block of ``url``, as its latest ``BlockStored`` said (None: none yet)."""
+        engine = self._engines.get(url)
+        return None if engine is None else engine.block_size
 
     def blocks(self, url: str) -> int:
         """Reported entries held for ``url``."""
