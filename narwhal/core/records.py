@@ -100,6 +100,8 @@ class RequestRecord:
         "prefill_fallback",
         "prompt_tokens",
         "request_id",
+        "resume_refused",
+        "resumes",
         "status",
         "ttft_s",
     )
@@ -121,6 +123,8 @@ class RequestRecord:
         error: str | None = None,
         prompt_tokens: int | None = None,
         prefill_fallback: bool = False,
+        resumes: int = 0,
+        resume_refused: str | None = None,
     ) -> None:
         self.request_id: Final = request_id
         self.arrival: Final = arrival
@@ -141,6 +145,11 @@ class RequestRecord:
         # the consumer prefilled the prompt after every producer attempt failed
         # ([routing] prefill_fallback = "local")
         self.prefill_fallback: Final = prefill_fallback
+        # how many times the committed stream was resumed on another consumer
+        # (narwhal.core.resume), and why its last committed failure was not (None: it was, or
+        # nothing failed after commit, or resuming is off)
+        self.resumes: Final = resumes
+        self.resume_refused: Final = resume_refused
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RequestRecord) and self.as_dict() == other.as_dict()
@@ -165,4 +174,6 @@ class RequestRecord:
             "prompt_tokens": self.prompt_tokens,
             "prefill_fallback": self.prefill_fallback,
             "error": self.error,
+            "resumes": self.resumes,
+            "resume_refused": self.resume_refused,
         }

@@ -225,4 +225,8 @@ class RequestReporter:
             "prefill_fallback": record.prefill_fallback,
             "error": record.error,
         }
+        if record.resumes:  # only with [recovery] resume_streams: a stream resumed elsewhere
+            line["resumes"] = record.resumes
+        if record.resume_refused is not None:  # ... or why it could not be
+            line["resume_refused"] = record.resume_refused
         return json_line(line)
