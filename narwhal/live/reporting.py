@@ -227,6 +227,7 @@ class RequestReporter:
             "committed": record.committed,
             "output_tokens": record.output_tokens,
             "prompt_tokens": record.prompt_tokens,
+            "prefill_fallback": record.prefill_fallback,
             "error": record.error,
         }
         if record.resumes:  # only with [recovery] resume_streams: a stream resumed elsewhere

@@ -372,6 +372,9 @@ class SimSettings(_Strict):
     # hand a stream's plain token chunks to the router in bursts stamped with their arrival
     # times (identical results, far fewer router wake-ups); false: one wake-up per chunk
     coalesce_reads: bool = True
+    # KV cache events (a kv_aware phase only): each engine's events reach the router's index
+    # this long after they happen (vLLM: one batch per engine step, then the ZMQ hop)
+    kv_event_delay_s: float = Field(0.005, ge=0)
 
 
 class Scenario(_Strict):
