@@ -182,3 +182,43 @@ def test_a_disaggregated_run_goes_through_the_router_and_pays_its_kv_pull(tmp_pa
         ttft[gbps] = timed.ttft_s
     kv_bytes = 300 * 131_072  # Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 (K, V) x bf16
     assert ttft[1] - ttft[100] == pytest.approx(kv_bytes / 1e9 - kv_bytes / 100e9, rel=0.05)
+
+
+def test_a_run_recording_its_capture_sizes_is_replayed_with_them(tmp_path):
+    run = read_run(RTX4090)
+    assert run.engine.capture_sizes is not None and run.engine.capture_sizes[-1] == 512
+    _, timing = engine_timing(run, store.bundled("RTX4090", "meta-llama/Llama-3.1-8B"))
+    assert timing.graph_sizes == run.engine.capture_sizes  # type: ignore[attr-defined]
+    meta = json.loads((RTX4090 / "vllm" / "meta.json").read_text())
+    meta["resolved_config"]["compilation_config"]["cudagraph_capture_sizes"] = [1, 2, 4, 64]
+    copy = tmp_path / "RTX4090" / "Llama-3.1-8B"
+    shutil.copytree(RTX4090, copy)
+    (copy / "vllm" / "meta.json").write_text(json.dumps(meta))
+    _, timing = engine_timing(read_run(copy), store.bundled("RTX4090", "meta-llama/Llama-3.1-8B"))
+    assert timing.padded(5) == 64 and timing.padded(65) == 65  # type: ignore[attr-defined]
+
+
+def test_cudagraph_capture_sizes_is_a_fleet_setting_of_profiled_gpus_only():
+    fleet = {"gpu": "RTXPRO6000", "model": "meta-llama/Llama-3.1-8B", "both": 1}
+    sizes = FleetSettings(**fleet, cudagraph_capture_sizes=(8, 1, 32)).step_timing()
+    assert sizes.graph_sizes == (1, 8, 32)  # type: ignore[attr-defined]
+    with pytest.raises(ScenarioError, match="cudagraph_capture_sizes are for per-operator"):
+        parse_scenario({"fleet": {"both": 1, "cudagraph_capture_sizes": [1, 2]}})
+    with pytest.raises(ScenarioError, match="batch sizes of at least 1"):
+        parse_scenario({"fleet": {**fleet, "cudagraph_capture_sizes": [0, 2]}})
+
+
+def test_a_scenario_takes_a_profile_already_read_instead_of_a_file():
+    profile = store.bundled("RTX4090", "meta-llama/Llama-3.1-8B")
+    doctored = {**profile, "gpu": "RTXPRO6000"}  # the 4090's tables, said to be the PRO 6000's
+    fleet = {"gpu": "RTXPRO6000", "model": "meta-llama/Llama-3.1-8B", "both": 1}
+    workload = {"kind": "fixed", "arrivals_s": [0.0], "prompt_tokens": 20}
+    given = parse_scenario({"fleet": fleet, "workload": workload}, profile=doctored).fleet
+    own = parse_scenario({"fleet": fleet, "workload": workload}).fleet
+    assert given.op_profile() is doctored
+    timing = given.step_timing()
+    expected = store.timing(profile, 1, timing.graph_sizes)  # type: ignore[attr-defined]
+    assert timing.batch_s(8, 0, 8000, 0.0) == expected.batch_s(8, 0, 8000, 0.0)
+    assert own.step_timing().batch_s(8, 0, 8000, 0.0) != timing.batch_s(8, 0, 8000, 0.0)
+    with pytest.raises(ScenarioError, match=r"profile \(given\) is of"):
+        parse_scenario({"fleet": fleet, "workload": workload}, profile=profile)
