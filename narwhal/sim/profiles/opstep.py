@@ -30,7 +30,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from narwhal.sim.profiles.tables import AttentionGrid, Curve
+from narwhal.sim.profiles.tables import AdditiveAttention, AttentionGrid, Curve
 
 # operators a step runs once, not once per layer (vLLM's model runner: embedding, final norm)
 ONCE_PER_STEP = frozenset({"embedding", "final_layernorm"})
@@ -88,10 +88,10 @@ class LayerOps:
 
 
 def fold_ops(dense: dict[str, Curve], per_sequence: dict[str, Curve]) -> LayerOps:
-    """Sum the token-wise operators onto the union of their measured sizes."""
-    for name in ("lm_head", "sampler"):
-        if name not in per_sequence:
-            raise ValueError(f"the profile has no {name!r} in per_sequence")
+    """Sum the token-wise operators onto the union of their measured sizes (a profile that did
+    not measure the sampler, as LLMServingSim's older layout, gets none: its import says so)."""
+    if "lm_head" not in per_sequence:
+        raise ValueError("the profile has no 'lm_head' in per_sequence")
     sizes = sorted({s for curve in dense.values() for s in curve.sizes})
     layer_points = []
     step_points = []
@@ -109,7 +109,7 @@ def fold_ops(dense: dict[str, Curve], per_sequence: dict[str, Curve]) -> LayerOp
         per_layer=Curve(layer_points),
         per_step=Curve(step_points),
         lm_head=per_sequence["lm_head"],
-        sampler=per_sequence["sampler"],
+        sampler=per_sequence.get("sampler", Curve([(1.0, 0.0)])),
     )
 
 
@@ -119,7 +119,7 @@ class OperatorStepTiming:
     def __init__(
         self,
         ops: LayerOps,
-        attention: AttentionGrid,
+        attention: AttentionGrid | AdditiveAttention,
         layers: int,
         kv_bytes_per_token: int,
         graph_sizes: tuple[int, ...] = (),
