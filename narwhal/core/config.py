@@ -113,6 +113,12 @@ class RecoverySettings(_Strict):
     # tokens a consumer's probe decodes, all within engine.first_token_timeout_s: a consumer
     # that goes silent after fewer tokens than this fails its probe and stays ejected
     probe_decode_tokens: Annotated[Count, Field(ge=1, le=256)] = 8
+    # after visible output, a consumer failure resumes the client's stream elsewhere by token
+    # replay (narwhal.core.resume); off: the terminal error event, as the contract describes
+    resume_streams: Annotated[bool, Strict()] = False
+    max_resumes: Annotated[Count, Field(ge=0, le=100)] = 1  # resumes per request
+    # no resume once prompt + delivered tokens exceed this many (0: no bound of the router's)
+    resume_max_seq_len: Annotated[Count, Field(ge=0)] = 0
 
 
 class AdmissionSettings(_Strict):

@@ -99,6 +99,8 @@ class RequestRecord:
         "output_tokens",
         "prompt_tokens",
         "request_id",
+        "resume_refused",
+        "resumes",
         "status",
         "ttft_s",
     )
@@ -119,6 +121,8 @@ class RequestRecord:
         output_tokens: int,
         error: str | None = None,
         prompt_tokens: int | None = None,
+        resumes: int = 0,
+        resume_refused: str | None = None,
     ) -> None:
         self.request_id: Final = request_id
         self.arrival: Final = arrival
@@ -136,6 +140,11 @@ class RequestRecord:
         # the prompt's tokens as an engine reported them (usage.prompt_tokens; None: no engine
         # said; the router has no tokenizer)
         self.prompt_tokens: Final = prompt_tokens
+        # how many times the committed stream was resumed on another consumer
+        # (narwhal.core.resume), and why its last committed failure was not (None: it was, or
+        # nothing failed after commit, or resuming is off)
+        self.resumes: Final = resumes
+        self.resume_refused: Final = resume_refused
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RequestRecord) and self.as_dict() == other.as_dict()
@@ -159,4 +168,6 @@ class RequestRecord:
             "output_tokens": self.output_tokens,
             "prompt_tokens": self.prompt_tokens,
             "error": self.error,
+            "resumes": self.resumes,
+            "resume_refused": self.resume_refused,
         }

@@ -347,6 +347,12 @@ class RouterMetrics:
             ["engine", "fault"],
             registry=r,
         )
+        self.resumes = Counter(  # reason: the fault (resumed) or narwhal.core.resume's refusal
+            "narwhal_stream_resumes",
+            "committed streams whose consumer failed: resumed elsewhere or refused, and why",
+            ["outcome", "reason"],
+            registry=r,
+        )
         self.quarantines = Counter(
             "narwhal_quarantines", "engines quarantined after a failure", ["engine"], registry=r
         )
@@ -448,6 +454,8 @@ class RouterMetrics:
             self.probes.labels(engine, str(detail.get("outcome", ""))).inc()
         elif kind == "retry":
             self.retries.labels(engine, str(detail.get("fault", ""))).inc()
+        elif kind == "resume":
+            self.resumes.labels(str(detail.get("outcome", "")), str(detail.get("reason", ""))).inc()
         elif kind == "quarantine":
             self.quarantines.labels(engine).inc()
         elif kind == "stale":

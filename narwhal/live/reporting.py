@@ -224,4 +224,8 @@ class RequestReporter:
             "prompt_tokens": record.prompt_tokens,
             "error": record.error,
         }
+        if record.resumes:  # only with [recovery] resume_streams: a stream resumed elsewhere
+            line["resumes"] = record.resumes
+        if record.resume_refused is not None:  # ... or why it could not be
+            line["resume_refused"] = record.resume_refused
         return json_line(line)

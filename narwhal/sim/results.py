@@ -55,6 +55,8 @@ RECORD_FIELDS = (
     "output_tokens",
     "delivered_tokens",
     "output_events",
+    "resumes",
+    "resume_refused",
     "error",
 )
 
@@ -73,6 +75,10 @@ def record_rows(result: RunResult) -> list[dict[str, Any]]:
         arrival = result.arrivals[index]
         tpot = None
         got = delivered.get(f"{record.request_id}-d{record.attempts}")
+        if record.resumes and got is not None:  # the client got every leg's since the commit
+            first = record.attempts - record.resumes
+            legs = range(first, record.attempts + 1)
+            got = sum(delivered.get(f"{record.request_id}-d{a}", 0) for a in legs)
         if record.status != 200:
             got = None
         elif record.first_byte_s is not None and got is not None and got > 1:
@@ -96,6 +102,8 @@ def record_rows(result: RunResult) -> list[dict[str, Any]]:
                     "output_tokens": arrival.output,
                     "delivered_tokens": got,
                     "output_events": record.output_tokens,
+                    "resumes": record.resumes,
+                    "resume_refused": record.resume_refused,
                     "error": record.error,
                 },
             )
@@ -114,6 +122,7 @@ def record_rows(result: RunResult) -> list[dict[str, Any]]:
                 prompt_tokens=arrival.prompt,
                 output_tokens=arrival.output,
                 output_events=0,
+                resumes=0,
             )
             rows.append((index, row))
     rows.sort(key=lambda item: item[0])
@@ -206,6 +215,10 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         },
     }
     summary.update(engine_settings(result))
+    if result.scenario.router.recovery.resume_streams:  # [recovery] resume_streams
+        refused = Counter(r["resume_refused"] for r in rows if r.get("resume_refused"))
+        summary["resumed_requests"] = sum(1 for r in rows if r["resumes"])
+        summary["resume_refused"] = dict(sorted(refused.items()))
     if result.replica_ejections:  # several router replicas ([router] replicas > 1)
         summary["replicas"] = {
             "spread": result.scenario.replicas.spread,

@@ -221,6 +221,7 @@ class SimEngine:
             return StreamOpened(None, seq.status, seq.body)
         seq.chat = path == "/v1/chat/completions"
         seq.head = wire.chunk_writer(seq.rid, body.get("model", self.params.model), seq.chat)
+        seq.ids = body.get("return_token_ids") is True
         stream = SimStream(self)
         stream.seq = seq
         seq.stream = stream
