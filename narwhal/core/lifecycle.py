@@ -23,7 +23,11 @@ Theory of operation (one attempt):
    stream on a fresh attempt from the delivered token ids (:mod:`narwhal.core.resume` decides).
 Per-request disaggregation (:mod:`narwhal.core.routing.disagg`) may skip steps 1-2: a short
 uncached prompt, or no placeable producer with ``no_producer = "local"``, goes straight to a
-consumer that computes the prompt itself (the contract's same-worker path).
+consumer that computes the prompt itself (the contract's same-worker path). With
+``[routing] prefill_fallback = "local"``, a request whose producer attempts all failed (no retry
+left, :func:`narwhal.core.retry.falls_back_locally`; or a retry found no producer placeable) gets
+one such attempt too: the producers stay charged for their faults, the consumer only for its own
+leg, and the record says ``prefill_fallback``.
 A request naming a model the pinned contract does not serve is answered 404 before step 1
 (:mod:`narwhal.core.served_model`): no attempt, no engine asked.
 Faults are charged to the engine that caused them (breaker streak, quarantine); a transient fault
@@ -57,8 +61,8 @@ from narwhal.core.ports import ClientGone, ClientSink, Ports
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import ClientRequest, decode_body
 from narwhal.core.resume import StreamResume, resumable
-from narwhal.core.retry import Deadline
-from narwhal.core.routing.disagg import NO_PRODUCER, SHORT_PROMPT
+from narwhal.core.retry import Deadline, falls_back_locally
+from narwhal.core.routing.disagg import NO_PRODUCER, PRODUCER_FAILED, SHORT_PROMPT
 from narwhal.core.served_model import unserved_model
 from narwhal.core.sse import EventKind, SseEvent
 
@@ -107,6 +111,8 @@ class _Lifecycle:
         self.empty_streams = EmptyStreams(request.request_id)
         self.engines: list[str] = []
         self.attempts = 0
+        self.producer_failed = False  # an attempt failed on its producer (charged to it)
+        self.fell_back = False  # the consumer prefills, every producer attempt having failed
         self.committed = False
         self.got_token = False
         self.tokens = 0
@@ -169,6 +175,8 @@ class _Lifecycle:
                         await self._end(wire.DONE, now)
                         return self._finish_record()
                     continue
+                if self._falls_back(failure, now):
+                    continue
                 await self._fail(failure)
                 return self._finish_record()
         except ClientGone:
@@ -196,9 +204,27 @@ class _Lifecycle:
             and self.deadline.permits_attempt(now, self.shortest_attempt_s or 0.0)
         )
 
+    def _falls_back(self, failure: Fault, now: float) -> bool:
+        """Whether the next attempt is the consumer's own prefill after ``failure`` ended the
+        last producer attempt this request may make (``[routing] prefill_fallback``)."""
+        if not falls_back_locally(
+            failure,
+            enabled=self.policies.placement.disaggregation.local_after_producer_failure,
+            committed=self.committed,
+            fell_back=self.fell_back,
+            producer=self._producer,
+            now=now,
+            deadline=self.deadline,
+        ):
+            return False
+        self.fell_back = True
+        return True
+
     def _charge(self, failure: Fault, now: float) -> None:
         if failure.engine is None:
             return
+        if failure.engine == self._producer and failure.phase == "prefill":
+            self.producer_failed = True
         self.failed_engines.add(failure.engine)
         epoch = self._epochs.get(failure.engine)
         if epoch is None:
@@ -297,6 +323,7 @@ class _Lifecycle:
             output_tokens=self.tokens,
             error=error,
             prompt_tokens=self.prompt_tokens,
+            prefill_fallback=self.fell_back,
             resumes=0 if self.resume is None else self.resume.resumes,
             resume_refused=None if self.resume is None else self.resume.refused,
         )
@@ -354,12 +381,17 @@ class _Lifecycle:
         if not policies.placement.any_eligible("decode", now):
             return self._no_engine("decode")  # nobody could take the handoff: spare the prefill
         placement = policies.placement
+        if self.fell_back:
+            return await self._prefill_on_consumer(now, PRODUCER_FAILED)
         if placement.prefill_locally(request, now, self.failed_engines):
             return await self._prefill_on_consumer(now, SHORT_PROMPT)
         producer = placement.choose("prefill", now, self.failed_engines, request)
         if producer is None:
             if placement.local_without_producer:
                 return await self._prefill_on_consumer(now, NO_PRODUCER)
+            if self.producer_failed and placement.disaggregation.local_after_producer_failure:
+                self.fell_back = True  # a retry after a producer fault found no producer
+                return await self._prefill_on_consumer(now, PRODUCER_FAILED)
             return self._no_engine("prefill")
         placement.prefill_routes.remote += 1
         self._producer = producer
@@ -413,11 +445,7 @@ class _Lifecycle:
         consumer = policies.placement.choose("decode", now, self.failed_engines, request)
         if consumer is None:
             return self._no_engine("decode")
-        routes = policies.placement.prefill_routes
-        if reason == SHORT_PROMPT:
-            routes.short_prompt += 1
-        else:
-            routes.no_producer += 1
+        policies.placement.prefill_routes.count_local(reason)
         if policies.log.enabled:
             policies.log.add(
                 now, "prefill_local", consumer, request=self.request.request_id, reason=reason

@@ -97,6 +97,7 @@ class RequestRecord:
         "first_byte_s",
         "outcome",
         "output_tokens",
+        "prefill_fallback",
         "prompt_tokens",
         "request_id",
         "resume_refused",
@@ -121,6 +122,7 @@ class RequestRecord:
         output_tokens: int,
         error: str | None = None,
         prompt_tokens: int | None = None,
+        prefill_fallback: bool = False,
         resumes: int = 0,
         resume_refused: str | None = None,
     ) -> None:
@@ -140,6 +142,9 @@ class RequestRecord:
         # the prompt's tokens as an engine reported them (usage.prompt_tokens; None: no engine
         # said; the router has no tokenizer)
         self.prompt_tokens: Final = prompt_tokens
+        # the consumer prefilled the prompt after every producer attempt failed
+        # ([routing] prefill_fallback = "local")
+        self.prefill_fallback: Final = prefill_fallback
         # how many times the committed stream was resumed on another consumer
         # (narwhal.core.resume), and why its last committed failure was not (None: it was, or
         # nothing failed after commit, or resuming is off)
@@ -167,6 +172,7 @@ class RequestRecord:
             "engines": list(self.engines),
             "output_tokens": self.output_tokens,
             "prompt_tokens": self.prompt_tokens,
+            "prefill_fallback": self.prefill_fallback,
             "error": self.error,
             "resumes": self.resumes,
             "resume_refused": self.resume_refused,

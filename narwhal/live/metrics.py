@@ -118,7 +118,8 @@ def _routing_families(policies: Policies, now: float) -> Iterator[Any]:
     placement = policies.placement
     prefills = CounterMetricFamily(
         "narwhal_prefills",
-        "prefills by route: remote (a producer), short_prompt and no_producer (the consumer)",
+        "prefills by route: remote (a producer); short_prompt, no_producer and producer_failed"
+        " (the consumer)",
         labels=["route"],
     )
     for route, count in placement.prefill_routes.as_dict().items():

@@ -39,6 +39,7 @@ from narwhal.sim.faults import FaultSpec, FaultWindow, expand, install, past_the
 from narwhal.sim.gpu.engine import SimEngine
 from narwhal.sim.gpu.handoffs import Registry
 from narwhal.sim.gpu.prefix import prompt_text
+from narwhal.sim.kvevents import sim_block_chain, start_kv_events
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.loadreports import start_load_reports
 from narwhal.sim.replicas import RouterReplicas
@@ -136,8 +137,14 @@ def run(
             all_done.succeed()
 
     replicas = RouterReplicas(
-        scenario.replicas, config, seed=policy_seed, log=log, on_record=on_record
+        scenario.replicas,
+        config,
+        seed=policy_seed,
+        log=log,
+        on_record=on_record,
+        block_chain=sim_block_chain(params.block_size),
     )
+    start_kv_events(env, engines, replicas.members, sim.kv_event_delay_s)
     ports = make_ports(env, engines)
     horizon = (arrivals[-1].t if arrivals else 0.0) + config.engine.request_timeout_s
     roles = {e.url: e.role.value for e in config.engines}

@@ -118,6 +118,11 @@ def test_a_consumer_dying_mid_stream_is_resumed_with_the_uninterrupted_text(
     assert record["output_tokens"] == MAX_TOKENS
     # the failed consumer streamed, the resumed leg prefilled afresh and decoded elsewhere
     assert record["engines"][1:] == [dying.url, record["engines"][0], healthy.url]
+    # the failure, for a replay of the log (narwhal replay): an attempt failed on the dying one
+    failed = [line for line in handle.logged() if line["event"] == "attempt_failed"]
+    assert [(f["engine"], f["fault"], f["request"], f["resumed"]) for f in failed] == [
+        (dying.url, kind, record["request_id"], True)
+    ]
 
 
 def test_resume_off_keeps_the_terminal_error_event(

@@ -168,22 +168,30 @@ def test_a_scenario_runs_on_an_imported_profile_of_another_gpu(tmp_path):
         parse_scenario({"fleet": {**fleet, "model": "org/other"}, "workload": workload})
 
 
-def test_skewed_batches_pay_the_profiles_measured_share_toward_the_longest_context(tmp_path):
+def test_skewed_batches_pay_their_regimes_measured_share_toward_the_longest_context(tmp_path):
     profile_dir = write_profile(tmp_path)
-    # skewed batches measured 10% of the way from mean-context to longest-context time
-    rows = ["t_mean_us,t_max_us,t_skew_us"] + [
-        f"{m},{m + g},{m + g / 10}" for m, g in ((100, 50), (200, 80), (50, 10))
+    # skewed batches measured 10% of the way from mean-context to longest-context time when
+    # the decodes run alone (pc 0), 40% beside a prefill chunk; more rows of the second kind
+    rows = ["pc,t_mean_us,t_max_us,t_skew_us"] + [
+        f"{pc},{m},{m + g},{m + g * share}"
+        for pc, share in ((0, 0.1), (16, 0.4), (32, 0.4))
+        for m, g in ((100, 50), (200, 80), (50, 10))
     ]
     (profile_dir / "tp1" / "skew.csv").write_text("\n".join(rows) + "\n")
     profile = store.from_source(importer.read_any(profile_dir), "x")
-    assert profile["tp"]["1"]["skew_alpha"] == pytest.approx(0.1)
+    assert profile["tp"]["1"]["skew_alpha"] == pytest.approx({"decode": 0.1, "mixed": 0.4})
     timing = store.timing(profile, 1, ())
     even = timing.batch_s(4, 0, 4 * 32, 0.0)
     skewed = timing.batch_s(4, 0, 4 * 32, 0.0, 0, 64)  # mean 32, longest 64
     gap_us = _attn_us(0, 0, 4, 64) - _attn_us(0, 0, 4, 32)
     assert skewed - even == pytest.approx(2 * 0.1 * gap_us / 1e6)  # two layers
+    pairs = 16 * 8  # one fresh 16-token chunk
+    even = timing.batch_s(4, 16, 4 * 32, pairs, 1)
+    skewed = timing.batch_s(4, 16, 4 * 32, pairs, 1, 64)
+    gap_us = _attn_us(16, 0, 4, 64) - _attn_us(16, 0, 4, 32)
+    assert skewed - even == pytest.approx(2 * 0.4 * gap_us / 1e6)
     without = store.from_source(importer.read_any(write_profile(tmp_path / "b")), "x")
-    assert without["tp"]["1"]["skew_alpha"] == 0.0  # not measured: no correction
+    assert without["tp"]["1"]["skew_alpha"] == {"decode": 0.0, "mixed": 0.0}  # not measured
 
 
 V0 = (

@@ -96,7 +96,8 @@ class RawTables:
     dense: dict[str, list[tuple[float, float]]]
     per_sequence: dict[str, list[tuple[float, float]]]
     attention: list[tuple[float, float, float, float, float]]
-    skew: list[tuple[float, float, float]]  # skew.csv: (mean-context, longest, skewed) times
+    # skew.csv: (prefill chunk tokens, mean-context time, longest-context time, skewed time)
+    skew: list[tuple[float, float, float, float]]
     # "grid": one table over mixed steps; "additive": prefill rows (chunk, cached, 0, 0) and
     # decode rows (0, 0, decodes, context) measured apart, a step paying both (the older layout)
     attention_form: str = "grid"
@@ -170,16 +171,18 @@ def read_tables(tp_dir: Path) -> RawTables:
     )
 
 
-def _skew(path: Path) -> list[tuple[float, float, float]]:
-    """The skewed-batch measurements, where the profile has them (none: no correction)."""
+def _skew(path: Path) -> list[tuple[float, float, float, float]]:
+    """The skewed-batch measurements, where the profile has them (none: no correction); ``pc``
+    is the prefill chunk beside the decodes (0: decodes alone)."""
     if not path.is_file():
         return []
-    columns = ("t_mean_us", "t_max_us", "t_skew_us")
+    columns = ("pc", "t_mean_us", "t_max_us", "t_skew_us")
     return [
         (
             csv_number(row, columns[0], path),
             csv_number(row, columns[1], path),
             csv_number(row, columns[2], path),
+            csv_number(row, columns[3], path),
         )
         for row in csv_rows(path, columns)
     ]

@@ -28,13 +28,14 @@ from typing import Any
 
 from narwhal.sim.profiles.opstep import (
     OperatorStepTiming,
+    SkewAlpha,
     fold_ops,
-    pooled_skew_alpha,
+    skew_alphas,
 )
 from narwhal.sim.profiles.source import ModelConfig, ProfileError, SourceProfile
 from narwhal.sim.profiles.tables import AdditiveAttention, AttentionGrid, Curve, leave_one_out
 
-FORMAT = "narwhal-op-profile/1"
+FORMAT = "narwhal-op-profile/2"  # 2: skew_alpha per regime (decode, mixed)
 BUNDLED_DIR = ("data", "profiles")
 
 
@@ -54,7 +55,7 @@ def from_source(source: SourceProfile, origin: str) -> dict[str, Any]:
                 k: [[s, _round(t)] for s, t in v] for k, v in sorted(tables.per_sequence.items())
             },
             "attention": [[c, k, n, x, _round(t)] for c, k, n, x, t in tables.attention],
-            "skew_alpha": round(pooled_skew_alpha(tables.skew), 4),
+            "skew_alpha": _skew_alpha(tables.skew),
         }
         if tables.attention_form != "grid":
             tps[str(tp)]["attention_form"] = tables.attention_form
@@ -81,6 +82,11 @@ def from_source(source: SourceProfile, origin: str) -> dict[str, Any]:
     }
 
 
+def _skew_alpha(rows: list[tuple[float, float, float, float]]) -> dict[str, float]:
+    alphas = skew_alphas(rows)
+    return {"decode": round(alphas.decode, 4), "mixed": round(alphas.mixed, 4)}
+
+
 def write(profile: dict[str, Any], path: Path) -> None:
     data = json.dumps(profile, separators=(",", ":"), sort_keys=True).encode()
     with path.open("wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as out:
@@ -96,7 +102,10 @@ def read(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as error:
         raise ProfileError(f"{path}: {error}") from None
     if not isinstance(profile, dict) or profile.get("format") != FORMAT:
-        raise ProfileError(f"{path}: not a Narwhal profile (format {FORMAT!r})")
+        raise ProfileError(
+            f"{path}: not a Narwhal profile of format {FORMAT!r} (an older one: import its "
+            "source again with narwhal profile import)"
+        )
     missing = [k for k in ("gpu", "model", "config", "tp") if k not in profile]
     if missing:
         raise ProfileError(f"{path}: no {', '.join(missing)}")
@@ -177,7 +186,7 @@ def timing(profile: dict[str, Any], tp: int, graph_sizes: tuple[int, ...]) -> Op
         config.layers,
         config.shape(tp).kv_bytes_per_token_per_rank * tp,
         graph_sizes,
-        float(tables.get("skew_alpha", 0.0)),
+        SkewAlpha(**{k: float(v) for k, v in tables["skew_alpha"].items()}),
     )
 
 

@@ -127,7 +127,11 @@ def _import(args: argparse.Namespace) -> int:
         print(f"{tp:>3} {name:<16}{points:>7}{100 * mean_err:>11.2f}%{100 * max_err:>10.1f}%")
     print("(residuals: each measured point predicted by interpolating its two neighbours)")
     for tp, tables in sorted(profile["tp"].items(), key=lambda item: int(item[0])):
-        print(f"tp {tp}: skewed-batch attention alpha {tables['skew_alpha']:.4f}")
+        alpha = tables["skew_alpha"]
+        print(
+            f"tp {tp}: skewed-batch attention alpha {alpha['decode']:.4f} decode-only, "
+            f"{alpha['mixed']:.4f} beside a prefill chunk"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     store.write(profile, args.out)
     print(f"wrote {args.out}")
