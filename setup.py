@@ -35,6 +35,7 @@ from setuptools import setup
 # benchmarks/router/router_instructions.py) and everything off the hot path.
 COMPILED = [
     "narwhal/core/breaker.py",
+    "narwhal/core/client_writes.py",
     "narwhal/core/descriptor.py",
     "narwhal/core/empty_streams.py",
     "narwhal/core/errors.py",

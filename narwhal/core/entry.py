@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from narwhal.core.client_writes import CLIENT_GONE_STATUS
 from narwhal.core.errors import FaultKind, fault
-from narwhal.core.lifecycle import CLIENT_GONE_STATUS
 from narwhal.core.policies import Policies
 from narwhal.core.ports import ClientGone, ClientSink, Ports
 from narwhal.core.records import RequestRecord

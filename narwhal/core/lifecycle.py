@@ -37,7 +37,8 @@ A fresh attempt avoids every engine an earlier attempt failed on, an uncharged e
 (``[DONE]`` before any token) included; that empty stream is charged to its consumer once another
 engine sends the request a token (:mod:`narwhal.core.empty_streams`).
 
-The client is charged for what the client does. Every write to it is bounded by
+The client is charged for what the client does. Every write to it goes through
+:class:`~narwhal.core.client_writes.ClientWrites`, bounded by
 ``min(request deadline, start of the write + client.write_timeout_s)``: a client that leaves a
 write blocked past that is cut off (decision ``client_cut``; outcome ``client_too_slow``, or
 ``deadline`` when the request deadline came first) and the request ends there, releasing
@@ -52,6 +53,12 @@ from typing import Any
 
 from narwhal.core import wire
 from narwhal.core.assemble import ResponseAssembler
+from narwhal.core.client_writes import (
+    CLIENT_GONE_STATUS,
+    ClientCut,
+    ClientWrites,
+    terminal_event,
+)
 from narwhal.core.empty_streams import EmptyStreams
 from narwhal.core.errors import Fault, FaultKind, fault
 from narwhal.core.legs import DecodeLeg, prefill_leg, prompt_tokens_of, stale_handoff
@@ -66,28 +73,11 @@ from narwhal.core.routing.disagg import NO_PRODUCER, PRODUCER_FAILED, SHORT_PROM
 from narwhal.core.served_model import unserved_model
 from narwhal.core.sse import EventKind, SseEvent
 
-SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
-CLIENT_GONE_STATUS = 499  # nginx's convention for "client closed request"
-CLIENT_TOO_SLOW_STATUS = 408  # the router gave up waiting for the client (to read)
-
 
 def _status_headers(failure: Fault, retry_after_s: float) -> dict[str, str]:
     if failure.kind is FaultKind.NO_ENGINE:
         return {"retry-after": str(max(1, round(retry_after_s)))}
     return {}
-
-
-class _ClientCut(Exception):
-    """A write to the client was still blocked at ``deadline``: the client is cut off."""
-
-    def __init__(self, deadline: float) -> None:
-        super().__init__(deadline)
-        self.deadline = deadline
-
-
-def terminal_event(failure: Fault) -> bytes:
-    """The one SSE event that ends a committed stream after a failure."""
-    return wire.sse_event(wire.to_json(failure.error_body()))
 
 
 class _Lifecycle:
@@ -101,7 +91,7 @@ class _Lifecycle:
         cfg = policies.config
         self.engine_cfg = cfg.engine
         self.deadline = Deadline(request.arrival + cfg.engine.request_timeout_s)
-        self.write_timeout_s = cfg.client.write_timeout_s
+        self.client = ClientWrites(sink, ports.clock, self.deadline, cfg.client.write_timeout_s)
         self.recovery = cfg.recovery
         # a streaming request's resume state (None: resuming is off or the client does not stream)
         self.resume: StreamResume | None = resumable(request, cfg.recovery.resume_streams)
@@ -172,7 +162,7 @@ class _Lifecycle:
                     holding_retry = True
                     if resume.remaining() == 0:  # every token was sent: only the end lost
                         self.final = (200, "ok", None)
-                        await self._end(wire.DONE, now)
+                        await self.client.end(wire.DONE, now)
                         return self._finish_record()
                     continue
                 if self._falls_back(failure, now):
@@ -182,7 +172,7 @@ class _Lifecycle:
         except ClientGone:
             self.final = (CLIENT_GONE_STATUS, "client_gone", "client disconnected")
             return self._finish_record()
-        except _ClientCut as cut:
+        except ClientCut as cut:
             self._client_cut(cut.deadline)
             return self._finish_record()
         finally:
@@ -246,63 +236,26 @@ class _Lifecycle:
             committed=self.committed,
         )
         if self.committed:
-            await self._end(terminal_event(failure), now)
+            await self.client.end(terminal_event(failure), now)
         else:
             headers = _status_headers(failure, self.policies.config.recovery.probe_interval_s)
-            await self._respond(failure.status, failure.error_body(), headers)
+            await self.client.respond(failure.status, failure.error_body(), headers)
 
     # ------------------------------------------------------------------ the client
 
-    def _write_deadline(self, now: float) -> float:
-        """The bound of a write starting at ``now``: the client's write timeout, never past the
-        request deadline."""
-        timeout = self.write_timeout_s
-        at = self.deadline.at
-        return at if timeout <= 0 else min(at, now + timeout)
-
-    async def _commit(self, now: float) -> None:
-        until = self._write_deadline(now)
-        if await self.sink.commit(dict(SSE_HEADERS), until) is not None:
-            raise _ClientCut(until)
-
-    async def _send(self, data: bytes, now: float) -> None:
-        until = self._write_deadline(now)
-        if await self.sink.send(data, until) is not None:
-            raise _ClientCut(until)
-
-    async def _end(self, data: bytes, now: float) -> None:
-        until = self._write_deadline(now)
-        if await self.sink.end(data, until) is not None:
-            raise _ClientCut(until)
-
-    async def _respond(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
-        until = self._write_deadline(self.ports.clock.now())
-        if await self.sink.respond(status, body, headers, until) is not None:
-            raise _ClientCut(until)
-
     def _client_cut(self, until: float) -> None:
         """A write was still blocked at ``until``: the client's fault, no engine's."""
-        by_deadline = until >= self.deadline.at
+        client = self.client
         self.policies.log.add(
             self.ports.clock.now(),
             "client_cut",
             None,
             request=self.request.request_id,
-            reason="request_deadline" if by_deadline else "write_timeout",
+            reason=client.cut_reason(until),
         )
         if self.final is not None and self.final[0] != 200:
             return  # a failure stays the failure; the client just did not read its end
-        if by_deadline:
-            late = fault(
-                FaultKind.DEADLINE,
-                "request deadline passed while the client was not reading",
-                engine=None,
-                phase="client",
-            )
-            self.final = (late.status, late.kind.value, late.message)
-        else:
-            message = f"client did not read for client.write_timeout_s ({self.write_timeout_s:g} s)"
-            self.final = (CLIENT_TOO_SLOW_STATUS, "client_too_slow", message)
+        self.final = client.cut_final(until)
 
     def _finish_record(self) -> RequestRecord:
         """Hand the request's one record to ``policies.on_record``."""
@@ -505,7 +458,7 @@ class _Lifecycle:
                         self.empty_streams.answered(consumer, at, policies.breaker, policies.log)
                         self.first_byte_s = at - self.request.arrival
                         if assembler is None:
-                            await self._commit(now)
+                            await self.client.commit(now)
                             self.committed = True
                             out += pending_metadata
                     self.tokens += 1
@@ -527,7 +480,7 @@ class _Lifecycle:
                     await self._succeed(consumer, at, out, assembler)
                     return None
             if out:
-                await self._send(b"".join(out), now)
+                await self.client.send(b"".join(out), now)
                 back_at = clock.now()
                 if back_at > now and leg.resumed(back_at):  # the write took time: not silence
                     self.policies.log.add(
@@ -603,9 +556,9 @@ class _Lifecycle:
                 committed=self.committed,
             )
         if assembler is None:
-            await self._end(b"".join(out), self.ports.clock.now())
+            await self.client.end(b"".join(out), self.ports.clock.now())
         else:
-            await self._respond(200, assembler.result(), {})
+            await self.client.respond(200, assembler.result(), {})
 
 
 async def serve_request(
