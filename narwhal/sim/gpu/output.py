@@ -54,7 +54,7 @@ class StreamWriter:
                     seq.chunk_tokens, seq.chunk = n, data
             stream.buffer.append((now, data))
         if final:
-            self.totals.delivered[seq.rid] = seq.emitted
+            self.totals.deliver(seq.rid, seq.emitted)
             stream.buffer.append((now, DONE))
             stream.ended = EOF
         if stream.waiter is not None and (final or first or not self.coalesce_reads):
@@ -75,7 +75,7 @@ class StreamWriter:
         if kind == "stall":  # the stream stays open and says nothing more
             return kind
         if kind == "early_done":
-            self.totals.delivered[seq.rid] = seq.emitted
+            self.totals.deliver(seq.rid, seq.emitted)
             stream.buffer.append((now, DONE))
             stream.ended = EOF
         elif kind == "inband_error":
