@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import heapq
+import io
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -255,9 +256,10 @@ class StreamRecorder:
         self.decision_kinds: Counter[str] = Counter()
         self.replica_counts = ReplicaCounts(replicas)
         self._records = (out / "records.csv").open("w", newline="", encoding="utf-8")
-        self._rows = csv.writer(self._records, lineterminator="\n")
-        self._rows.writerow(RECORD_FIELDS)
-        self._pending: dict[int, dict[str, Any]] = {}  # rows finished ahead of an earlier one
+        csv.writer(self._records, lineterminator="\n").writerow(RECORD_FIELDS)
+        self._line = io.StringIO()  # one row's CSV text (a held row costs its text, not a dict)
+        self._format = csv.writer(self._line, lineterminator="\n")
+        self._pending: dict[int, str] = {}  # rows finished ahead of an earlier one, as text
         self._next = 0  # the index of the next row to write
         self._timeline: IO[str] | None = None
         self._samples: Any = None
@@ -275,15 +277,19 @@ class StreamRecorder:
     def row(self, index: int, row: dict[str, Any]) -> None:
         """The row of the ``index``-th arrival (each index exactly once, in any order)."""
         self.stats.add(row)
+        line = self._line
+        self._format.writerow([_csv_value(row[k]) for k in RECORD_FIELDS])
+        text = line.getvalue()
+        line.seek(0)
+        line.truncate()
         if index != self._next:
-            self._pending[index] = row
+            self._pending[index] = text
             return
-        write, pending = self._rows.writerow, self._pending
-        write([_csv_value(row[k]) for k in RECORD_FIELDS])
+        write, pending = self._records.write, self._pending
+        write(text)
         self._next += 1
         while self._next in pending:
-            held = pending.pop(self._next)
-            write([_csv_value(held[k]) for k in RECORD_FIELDS])
+            write(pending.pop(self._next))
             self._next += 1
 
     def sample(self, sample: dict[str, Any]) -> None:
