@@ -134,7 +134,8 @@ def main() -> None:
                 flush=True,
             )
     if len(peaks) > 1:
-        print(f"RSS at {max(args.requests):,} / at {min(args.requests):,}: {peaks[-1] / peaks[0]:.3f}")
+        ratio = peaks[-1] / peaks[0]
+        print(f"RSS at {max(args.requests):,} / at {min(args.requests):,}: {ratio:.3f}")
 
 
 if __name__ == "__main__":

@@ -124,7 +124,9 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         [stats.largest[k] for k in PERCENTILE_KEYS],
         (50.0, 99.0),
     )
-    pcts = {key: [round6(v) for v in values] for key, values in zip(PERCENTILE_KEYS, found)}
+    pcts = {
+        key: [round6(v) for v in values] for key, values in zip(PERCENTILE_KEYS, found, strict=True)
+    }
 
     def pct(key: str, q: float) -> float | None:
         return pcts[key][0 if q == 50 else 1]

@@ -43,7 +43,7 @@ from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.loadreports import start_load_reports
 from narwhal.sim.replicas import RouterReplicas
 from narwhal.sim.scenario import Scenario
-from narwhal.sim.streaming import StreamRecorder, record_row, unfinished_row
+from narwhal.sim.streaming import StreamRecorder
 from narwhal.sim.timing import LinearStepTiming
 from narwhal.sim.workload import Arrival, arrivals, generate, no_requests
 
@@ -158,8 +158,6 @@ def run(
         if stream_to is not None
         else None
     )
-    live: dict[int, Arrival] = {}  # streamed: the requests started and not finished, by index
-    delivered: dict[str, int] = {}  # streamed: their decode streams' deliveries (see totals)
     finished = [0]  # requests with a record
 
     def on_record(record: RequestRecord) -> None:
@@ -168,30 +166,17 @@ def run(
         if streamer is None:
             records.append(record)
         else:
-            request_id = record.request_id
-            index = int(request_id.rsplit("-", 1)[1])
-            got = delivered.pop(f"{request_id}-d{record.attempts}", None)
-            for attempt in range(1, record.attempts):
-                delivered.pop(f"{request_id}-d{attempt}", None)
-            streamer.row(index, record_row(record, live.pop(index), got))
-            if several:
-                streamer.replica_counts.add(replicas.replica_of.pop(request_id, 0), record)
+            replica = replicas.replica_of.pop(record.request_id, 0) if several else 0
+            streamer.finish(record, replica)
         finished[0] += 1
         if progress is not None:
             progress(finished[0], total)
         if finished[0] == total and not all_done.triggered:
             all_done.succeed()
 
-    def on_delivered(rid: str, tokens: int) -> None:
-        # "req-<index>-d<attempt>-<hex>": kept only while its request runs (see on_record)
-        key = rid.rsplit("-", 1)[0]
-        parts = key.split("-")
-        if parts[0] == "req" and int(parts[1]) in live:
-            delivered[key] = tokens
-
     if streamer is not None:
         for engine in engines.values():
-            engine.totals.on_delivered = on_delivered
+            engine.totals.on_delivered = streamer.deliver
 
     replicas = RouterReplicas(
         scenario.replicas, config, seed=policy_seed, log=log, on_record=on_record
@@ -236,7 +221,7 @@ def run(
                 upcoming.clear()
             fed[0] = i + 1
             if streamer is not None:
-                live[i] = arrival
+                streamer.start(i, arrival)
             # one token per character plus BOS; the content identity written in the text
             text = prompt_text(arrival.prompt, arrival.prefix, i)
             if endpoint == CHAT:
@@ -286,14 +271,7 @@ def run(
     if streamer is not None:  # rows for the requests the end cut off, and those never started
         for replica_log in replicas.logs:  # a coroutine closed later adds nothing to the files
             replica_log.on_decision = None
-        for index in sorted(live):
-            streamer.row(index, unfinished_row(index, live[index]))
-        live.clear()
-        index = fed[0]
-        for arrival in itertools.chain(upcoming, source):
-            streamer.row(index, unfinished_row(index, arrival))
-            index += 1
-        streamer.close()
+        streamer.close(itertools.chain(upcoming, source), fed[0])
     windows = [w for w in windows if w.start < end]  # those past the end never happened
     unrun = past_the_end(list(scenario.faults), end)
     totals = {

@@ -222,7 +222,7 @@ def exact_percentiles(
                     return value
             raise AssertionError("rank outside its bucket")  # pragma: no cover
 
-        column = []
+        column: list[float | None] = []
         for low, high, fraction in ranks[c]:
             low_value, high_value = at(low), at(high)
             column.append(low_value + (high_value - low_value) * fraction)
@@ -260,6 +260,13 @@ class StreamRecorder:
         self._line = io.StringIO()  # one row's CSV text (a held row costs its text, not a dict)
         self._format = csv.writer(self._line, lineterminator="\n")
         self._pending: dict[int, str] = {}  # rows finished ahead of an earlier one, as text
+        # the requests started and not finished, by index, and their decode streams' clean
+        # ends ("<request>-d<attempt>" -> tokens): nothing of a request outlives its record
+        self.live: dict[int, Arrival] = {}
+        self.delivered: dict[str, int] = {}
+        self.peak_live = 0  # the most of each held at once (they bound the run's memory)
+        self.peak_held = 0
+        self.peak_delivered = 0
         self._next = 0  # the index of the next row to write
         self._timeline: IO[str] | None = None
         self._samples: Any = None
@@ -274,6 +281,30 @@ class StreamRecorder:
         """Rows waiting in the reorder buffer for an earlier request to finish."""
         return len(self._pending)
 
+    def start(self, index: int, arrival: Arrival) -> None:
+        """The ``index``-th arrival has been handed to the router."""
+        self.live[index] = arrival
+        self.peak_live = max(self.peak_live, len(self.live))
+
+    def deliver(self, rid: str, tokens: int) -> None:
+        """An engine's stream ``rid`` ended cleanly after ``tokens`` tokens (the engines'
+        ``on_delivered``): kept while its request runs, for its row's TPOT."""
+        key = rid.rsplit("-", 1)[0]  # "req-<index>-d<attempt>-<hex>" -> "req-<index>-d<attempt>"
+        parts = key.split("-")
+        if parts[0] == "req" and int(parts[1]) in self.live:
+            self.delivered[key] = tokens
+            self.peak_delivered = max(self.peak_delivered, len(self.delivered))
+
+    def finish(self, record: RequestRecord, replica: int) -> None:
+        """A started request's record came in (served by router replica ``replica``)."""
+        request_id = record.request_id
+        index = int(request_id.rsplit("-", 1)[1])
+        got = self.delivered.pop(f"{request_id}-d{record.attempts}", None)
+        for attempt in range(1, record.attempts):
+            self.delivered.pop(f"{request_id}-d{attempt}", None)
+        self.replica_counts.add(replica, record)
+        self.row(index, record_row(record, self.live.pop(index), got))
+
     def row(self, index: int, row: dict[str, Any]) -> None:
         """The row of the ``index``-th arrival (each index exactly once, in any order)."""
         self.stats.add(row)
@@ -284,6 +315,7 @@ class StreamRecorder:
         line.truncate()
         if index != self._next:
             self._pending[index] = text
+            self.peak_held = max(self.peak_held, len(self._pending))
             return
         write, pending = self._records.write, self._pending
         write(text)
@@ -316,8 +348,15 @@ class StreamRecorder:
 
         return write
 
-    def close(self) -> None:
-        """Finish the files (every row must have been given)."""
+    def close(self, never_started: Iterable[Arrival], next_index: int) -> None:
+        """Finish the files: rows for the requests still running (the run stopped at
+        ``sim.max_sim_s``) and for ``never_started``, the arrivals from ``next_index`` on."""
+        for index in sorted(self.live):
+            self.row(index, unfinished_row(index, self.live[index]))
+        self.live.clear()
+        self.delivered.clear()
+        for index, arrival in enumerate(never_started, next_index):
+            self.row(index, unfinished_row(index, arrival))
         if self._pending:
             raise RuntimeError(f"rows from index {self._next} on were never given")
         self._records.close()

@@ -141,7 +141,7 @@ class WorkloadSettings(BaseModel):
             return self
         if self.kind == "run":
             if self.run is None:
-                raise ValueError('kind = "run" needs \'run\' (a run directory)')
+                raise ValueError("kind = \"run\" needs 'run' (a run directory)")
             if self.prompt is not None or self.output is not None:
                 raise ValueError('kind = "run" takes its lengths from the run')
         elif self.run is not None:
@@ -264,17 +264,16 @@ def arrivals(w: WorkloadSettings, rng: random.Random) -> Iterator[Arrival]:
         source = _run(w)
     else:
         source = _synthetic(w, rng)
-    count = 0
-    for arrival in source:
+    for count, arrival in enumerate(source):
         if w.duration_s is not None and arrival.t >= w.duration_s:
             return
         if w.max_requests is not None and count >= w.max_requests:
             return
         if arrival.prompt > w.max_prompt_tokens:
             prefix = _clamped(arrival.prefix, w.max_prompt_tokens)
-            arrival = Arrival(arrival.t, w.max_prompt_tokens, arrival.output, prefix)
-        count += 1
-        yield arrival
+            yield Arrival(arrival.t, w.max_prompt_tokens, arrival.output, prefix)
+        else:
+            yield arrival
 
 
 def no_requests(w: WorkloadSettings) -> ValueError:
