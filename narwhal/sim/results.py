@@ -16,6 +16,11 @@ requests on time. DistServe's goodput is the highest request rate whose attainme
 90%; it needs a sweep of rates (:func:`goodput_sweep`), so a single run reports its attainment
 and whether it meets that bar, plus the on-time rate.
 
+A streamed run (``run(..., stream_to=DIR)``, :mod:`narwhal.sim.streaming`) has already
+written its rows, timeline and decisions; its summary comes from the counts kept as rows passed
+and from percentiles selected exactly by re-reading ``records.csv``, so both kinds of run give
+the same bytes.
+
 Files: ``records.csv``, ``summary.json``, ``timeline.csv`` (per-engine samples),
 ``conditions.csv`` (engine-side fault states), ``faults.csv``, ``decisions.jsonl`` (the core's
 decision log, one JSON object per line, for the sim-versus-live parity test) and

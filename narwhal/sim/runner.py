@@ -13,7 +13,10 @@ record the core hands to ``policies.on_record``. A sampler process snapshots eve
 engine (router-side breaker state and reservations, engine-side condition and queues) every
 ``sim.sample_interval_s``. The run ends when the last request has its record (the maintenance
 loop is then told to stop) or at ``sim.max_sim_s``: a request still running then has no record,
-even if its coroutine, closed later by the garbage collector, hands one in.
+even if its coroutine, closed later by the garbage collector, hands one in. A streamed run
+(``stream_to``) generates its arrivals as they come due (after a first pass that only counts
+them, with a copy of the workload RNG, for the run's size and the faults' horizon) and hands each
+record, sample and decision to a :class:`~narwhal.sim.streaming.StreamRecorder` as it is made.
 :class:`RunResult` carries everything :mod:`narwhal.sim.results` needs.
 """
 
