@@ -9,9 +9,11 @@ errors at compressed rates, the decision log on (as ``narwhal simulate`` runs by
 time. ``narwhal simulate`` streams its records, timeline and decisions to disk, so its peak RSS
 should not grow with N; the script prints each run's peak RSS (the child's own
 ``ru_maxrss``, from ``os.wait4``), wall time, and the ratio of the largest N's RSS to the
-smallest's.
+smallest's. ``--held`` runs the same scenario held in memory instead (``run`` without
+``stream_to``, then ``write``: what the tests and sweeps do), for comparison.
 
-    .venv/bin/python benchmarks/simulator/sim_memory.py [--requests 200000 2000000] [--keep DIR]
+    .venv/bin/python benchmarks/simulator/sim_memory.py [--requests 200000 2000000] [--held] \
+        [--keep DIR]
 """
 
 from __future__ import annotations
@@ -86,22 +88,31 @@ probability = 0.1
 """
 
 
-def measure(requests: int, rate_scale: float, folder: Path) -> tuple[int, float, str]:
+HELD = """
+import gc, sys, time
+from pathlib import Path
+from narwhal.sim.commands import GC_THRESHOLDS
+from narwhal.sim.results import write
+from narwhal.sim.runner import run
+from narwhal.sim.scenario import load_scenario
+gc.set_threshold(*GC_THRESHOLDS)
+result = run(load_scenario(sys.argv[1]))
+write(result, Path(sys.argv[2]))
+print(f"{len(result.records)} requests held in memory, {result.wall_s:.1f} s wall")
+"""
+
+
+def measure(
+    requests: int, rate_scale: float, folder: Path, held: bool = False
+) -> tuple[int, float, str]:
     """Peak RSS (KiB), wall seconds and the summary line of one ``narwhal simulate`` run."""
     scenario = folder / f"sim-memory-{requests}.toml"
     scenario.write_text(SCENARIO.format(requests=requests, rate_scale=rate_scale), "utf-8")
     out = folder / f"out-{requests}"
-    command = [
-        sys.executable,
-        "-m",
-        "narwhal.cli",
-        "simulate",
-        str(scenario),
-        "--out",
-        str(out),
-        "--no-plot",
-        "--no-progress",
-    ]
+    command = [sys.executable, "-c", HELD, str(scenario), str(out)]
+    if not held:
+        simulate = ["-m", "narwhal.cli", "simulate", str(scenario), "--out", str(out)]
+        command = [sys.executable, *simulate, "--no-plot", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1"}
     start = time.perf_counter()
     child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
@@ -120,13 +131,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, nargs="+", default=[200_000, 2_000_000])
     parser.add_argument("--rate-scale", type=float, default=70.0)
     parser.add_argument("--keep", type=Path, help="keep the scenarios and results here")
+    parser.add_argument("--held", action="store_true", help="hold the run in memory instead")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
         peaks = []
         for requests in sorted(args.requests):
-            rss, wall, last = measure(requests, args.rate_scale, folder)
+            rss, wall, last = measure(requests, args.rate_scale, folder, args.held)
             peaks.append(rss)
             print(
                 f"{requests:>10,} requests: peak RSS {rss / 1024:7.1f} MiB, wall {wall:7.1f} s "
