@@ -3,12 +3,19 @@
     python benchmarks/simulator/fidelity_ablation.py
 
 For each run in tests/data/runs, replays it (narwhal validate's replay) with the full model and
-with one part taken out at a time, and prints the mean TTFT, TPOT and end-to-end errors (%):
+with one part taken out at a time, and prints the mean TTFT, TPOT and end-to-end errors (%) and,
+for a run with per-request timings, the p-value of the two-sample KS test on TPOT (whether the
+shape holds, not only the mean):
 - no prefix identity: every prompt unique (the run's dataset not read), so no prefix-cache hits;
 - eager: no CUDA-graph padding (the profile's eager times at the batch's own size);
 - no skew: decodes of unequal contexts priced as many of their mean context (alpha 0);
-- no all-reduce: a TP > 1 engine without its all-reduces.
-The docs/simulator.md Fidelity table is this script's output.
+- one skew alpha: decode-only steps pay the mixed steps' alpha (the profile's skew rows not
+  split by regime: nearly all of them are mixed);
+- no all-reduce: a TP > 1 engine without its all-reduces;
+- for a run published as means only (its engine settings not recorded, vLLM's defaults taken):
+  2048 batched tokens and no prefix cache, the settings LLMServingSim simulated it with.
+A means-only run has no end-to-end figure and no KS p-value (blank). The docs/simulator.md
+Fidelity tables are this script's output.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import dataclasses
 from pathlib import Path
 from statistics import mean
 
+from narwhal.sim.validation.compare import compare
 from narwhal.sim.validation.replay import replay
 from narwhal.sim.validation.runlog import RunLog, read_run
 from narwhal.sim.validation.validate import load_profile
@@ -25,44 +33,73 @@ from narwhal.sim.validation.validate import load_profile
 RUNS = Path(__file__).resolve().parents[2] / "tests" / "data" / "runs"
 
 
-def errors(run: RunLog, profile: dict, allreduce: bool = True) -> tuple[float, float, float]:
+Figures = tuple[float, float, float | None, float | None]  # mean errors (%), TPOT KS p
+
+
+def errors(run: RunLog, profile: dict, allreduce: bool = True) -> Figures:
     timed = replay(run, profile, allreduce=allreduce)
-    real = run.requests
-
-    def err(sim: list[float], ref: list[float]) -> float:
-        return 100.0 * (mean(sim) / mean(ref) - 1.0)
-
-    tpot_real = [r.tpot_s for r in real if r.tpot_s is not None]
     tpot_sim = [t.tpot_s for t in timed if t.tpot_s is not None]
-    return (
-        err([t.ttft_s for t in timed], [r.ttft_s for r in real]),
-        err(tpot_sim, tpot_real),  # type: ignore[arg-type]
-        err([t.latency_s for t in timed], [r.latency_s for r in real]),
-    )
+    sim = {
+        "ttft_ms": 1e3 * mean(t.ttft_s for t in timed),
+        "tpot_ms": 1e3 * mean(tpot_sim),
+        "latency_ms": 1e3 * mean(t.latency_s for t in timed),
+    }
+    ks_p = None
+    if run.means is not None:
+        real = dict(run.means.real)
+    else:
+        tpot_real = [r.tpot_s for r in run.requests if r.tpot_s is not None]
+        ks_p = compare(tpot_real, tpot_sim)["ks_p"]
+        real = {
+            "ttft_ms": 1e3 * mean(r.ttft_s for r in run.requests if r.ttft_s is not None),
+            "tpot_ms": 1e3 * mean(r.tpot_s for r in run.requests if r.tpot_s is not None),
+            "latency_ms": 1e3 * mean(r.latency_s for r in run.requests if r.latency_s is not None),
+        }
+
+    def err(metric: str) -> float | None:
+        return 100.0 * (sim[metric] / real[metric] - 1.0) if metric in real else None
+
+    ttft, tpot = err("ttft_ms"), err("tpot_ms")
+    assert ttft is not None and tpot is not None
+    return ttft, tpot, err("latency_ms"), ks_p
+
+
+def line(name: str, label: str, figures: Figures) -> str:
+    ttft, tpot, e2e, ks_p = figures
+    tail = f"{e2e:>+7.1f}%" if e2e is not None else f"{'':>8}"
+    tail += f"{ks_p:>11.2g}" if ks_p is not None else ""
+    return f"{name:<28}{label:<30}{ttft:>+7.1f}%{tpot:>+7.1f}%{tail}"
 
 
 def main() -> None:
-    print(f"{'run':<28}{'variant':<22}{'TTFT':>8}{'TPOT':>8}{'E2E':>8}")
+    print(f"{'run':<28}{'variant':<30}{'TTFT':>8}{'TPOT':>8}{'E2E':>8}{'TPOT KS p':>11}")
     for run_dir in sorted(p.parent for p in RUNS.glob("*/*/vllm")):
         run = read_run(run_dir)
         profile = load_profile(None, run)
-        name = f"{run.gpu} {run.engine.model.split('/')[-1]}"
+        name = f"{run.gpu} {run_dir.name}"
         variants = {"full model": run}
         no_prefix = tuple(dataclasses.replace(r, segments=()) for r in run.requests)
         variants["no prefix identity"] = dataclasses.replace(run, requests=no_prefix)
         eager = dataclasses.replace(run.engine, enforce_eager=True)
         variants["eager (no graphs)"] = dataclasses.replace(run, engine=eager)
+        if run.means is not None:
+            theirs = dataclasses.replace(
+                run.engine, max_num_batched_tokens=2048, prefix_caching=False
+            )
+            variants["2048 tokens, no prefix cache"] = dataclasses.replace(run, engine=theirs)
         for label, variant in variants.items():
-            ttft, tpot, e2e = errors(variant, profile)
-            print(f"{name:<28}{label:<22}{ttft:>+7.1f}%{tpot:>+7.1f}%{e2e:>+7.1f}%")
+            print(line(name, label, errors(variant, profile)))
         unskewed = copy.deepcopy(profile)
         for tables in unskewed["tp"].values():
-            tables["skew_alpha"] = 0.0
-        ttft, tpot, e2e = errors(run, unskewed)
-        print(f"{name:<28}{'no skew':<22}{ttft:>+7.1f}%{tpot:>+7.1f}%{e2e:>+7.1f}%")
+            tables["skew_alpha"] = {"decode": 0.0, "mixed": 0.0}
+        one_alpha = copy.deepcopy(profile)
+        for tables in one_alpha["tp"].values():
+            tables["skew_alpha"]["decode"] = tables["skew_alpha"]["mixed"]
+        if any(any(t["skew_alpha"].values()) for t in profile["tp"].values()):
+            print(line(name, "no skew", errors(run, unskewed)))
+            print(line(name, "one skew alpha", errors(run, one_alpha)))
         if run.engine.tensor_parallel > 1:
-            ttft, tpot, e2e = errors(run, profile, allreduce=False)
-            print(f"{name:<28}{'no all-reduce':<22}{ttft:>+7.1f}%{tpot:>+7.1f}%{e2e:>+7.1f}%")
+            print(line(name, "no all-reduce", errors(run, profile, allreduce=False)))
 
 
 if __name__ == "__main__":

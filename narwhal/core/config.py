@@ -113,6 +113,12 @@ class RecoverySettings(_Strict):
     # tokens a consumer's probe decodes, all within engine.first_token_timeout_s: a consumer
     # that goes silent after fewer tokens than this fails its probe and stays ejected
     probe_decode_tokens: Annotated[Count, Field(ge=1, le=256)] = 8
+    # after visible output, a consumer failure resumes the client's stream elsewhere by token
+    # replay (narwhal.core.resume); off: the terminal error event, as the contract describes
+    resume_streams: Annotated[bool, Strict()] = False
+    max_resumes: Annotated[Count, Field(ge=0, le=100)] = 1  # resumes per request
+    # no resume once prompt + delivered tokens exceed this many (0: no bound of the router's)
+    resume_max_seq_len: Annotated[Count, Field(ge=0)] = 0
 
 
 class AdmissionSettings(_Strict):
@@ -247,7 +253,13 @@ class EngineEntry(_Strict):
 
 
 RoutingPolicyName = Literal[
-    "least_reserved", "round_robin", "random", "power_of_two", "least_loaded", "prefix_affinity"
+    "least_reserved",
+    "round_robin",
+    "random",
+    "power_of_two",
+    "least_loaded",
+    "prefix_affinity",
+    "kv_aware",
 ]
 """The routing policies a phase can use (narwhal.core.routing); the names are the interface."""
 
@@ -297,8 +309,31 @@ class PrefixAffinitySettings(_Strict):
     imbalance_threshold: Annotated[Count, Field(ge=0)] = 2
 
 
+class KvAwareSettings(_Strict):
+    """``kv_aware``: one cost per engine from the blocks its KV events say it holds and its load
+    (narwhal.core.routing.kv_aware); the lowest cost wins (or, with a temperature, a softmax
+    draw over the negated costs)."""
+
+    # cost = overlap_weight x the prompt's blocks the engine does not hold
+    #      + load_weight x the engine's requests (this router's reservations of the phase on it)
+    overlap_weight: Weight = 1.0
+    # a request in flight costs as much as this many uncached blocks to prefill (64 blocks of
+    # 16 tokens: a 1,024-token prompt); not tuned yet
+    load_weight: Weight = 64.0
+    temperature: Weight = 0.0  # 0: the lowest cost (ties by the seeded RNG)
+    # a placed prompt's blocks count as held on its engine for this long, or until the engine's
+    # events confirm them
+    speculative_ttl_s: Duration = 2.0
+    max_blocks_per_engine: Annotated[Count, Field(ge=1, le=100_000_000)] = 1_000_000
+    max_blocks_total: Annotated[Count, Field(ge=1, le=1_000_000_000)] = 4_000_000
+
+
 NoProducer = Literal["fail", "local"]
 """What a request gets when no producer is placeable: 503 + Retry-After, or a local prefill."""
+
+PrefillFallback = Literal["none", "local"]
+"""What a request gets when every producer attempt it may make failed: the last fault's status,
+or a prefill by its consumer (narwhal.core.retry.falls_back_locally)."""
 
 
 class RoutingSettings(_Strict):
@@ -311,8 +346,10 @@ class RoutingSettings(_Strict):
     # contract's same-worker path); 0: every prompt is prefilled on a producer
     remote_prefill_min_tokens: Annotated[Count, Field(ge=0, le=10_000_000)] = 0
     no_producer: NoProducer = "fail"
+    prefill_fallback: PrefillFallback = "none"
     least_loaded: LeastLoadedSettings = LeastLoadedSettings()
     prefix_affinity: PrefixAffinitySettings = PrefixAffinitySettings()
+    kv_aware: KvAwareSettings = KvAwareSettings()
 
 
 class NarwhalConfig(_Strict):

@@ -19,9 +19,15 @@ Theory of operation (one attempt):
    HTTP error and may be retried; after it, a fault ends the stream with one terminal
    ``data: {"error": ...}`` event. What one read of the decode stream carries goes to the client
    in one write, the final ``[DONE]`` included (after the consumer is credited with success).
+   With ``recovery.resume_streams``, a fault after commit may instead resume the same client
+   stream on a fresh attempt from the delivered token ids (:mod:`narwhal.core.resume` decides).
 Per-request disaggregation (:mod:`narwhal.core.routing.disagg`) may skip steps 1-2: a short
 uncached prompt, or no placeable producer with ``no_producer = "local"``, goes straight to a
-consumer that computes the prompt itself (the contract's same-worker path).
+consumer that computes the prompt itself (the contract's same-worker path). With
+``[routing] prefill_fallback = "local"``, a request whose producer attempts all failed (no retry
+left, :func:`narwhal.core.retry.falls_back_locally`; or a retry found no producer placeable) gets
+one such attempt too: the producers stay charged for their faults, the consumer only for its own
+leg, and the record says ``prefill_fallback``.
 A request naming a model the pinned contract does not serve is answered 404 before step 1
 (:mod:`narwhal.core.served_model`): no attempt, no engine asked.
 Faults are charged to the engine that caused them (breaker streak, quarantine); a transient fault
@@ -55,8 +61,9 @@ from narwhal.core.policies import Policies
 from narwhal.core.ports import ClientGone, ClientSink, Ports
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import ClientRequest, decode_body
-from narwhal.core.retry import Deadline
-from narwhal.core.routing.disagg import NO_PRODUCER, SHORT_PROMPT
+from narwhal.core.resume import StreamResume, resumable
+from narwhal.core.retry import Deadline, falls_back_locally
+from narwhal.core.routing.disagg import NO_PRODUCER, PRODUCER_FAILED, SHORT_PROMPT
 from narwhal.core.served_model import unserved_model
 from narwhal.core.sse import EventKind, SseEvent
 
@@ -96,11 +103,17 @@ class _Lifecycle:
         self.engine_cfg = cfg.engine
         self.deadline = Deadline(request.arrival + cfg.engine.request_timeout_s)
         self.write_timeout_s = cfg.client.write_timeout_s
+        self.recovery = cfg.recovery
+        # a streaming request's resume state (None: resuming is off or the client does not stream)
+        self.resume: StreamResume | None = resumable(request, cfg.recovery.resume_streams)
+        self.leg_request = request  # what the attempt's legs serve (a resumed leg: its own)
         self.held: list[Reservation] = []
         self.failed_engines: set[str] = set()  # avoided by later attempts (Envoy's previous_hosts)
         self.empty_streams = EmptyStreams(request.request_id)
         self.engines: list[str] = []
         self.attempts = 0
+        self.producer_failed = False  # an attempt failed on its producer (charged to it)
+        self.fell_back = False  # the consumer prefills, every producer attempt having failed
         self.committed = False
         self.got_token = False
         self.tokens = 0
@@ -149,6 +162,22 @@ class _Lifecycle:
                         fault=failure.kind.value,
                     )
                     continue
+                resume = self.resume
+                if (
+                    self.committed
+                    and resume is not None
+                    and resume.after_failure(
+                        failure, now, self.deadline, self.recovery, budget, self.policies.log
+                    )
+                ):
+                    holding_retry = True
+                    if resume.remaining() == 0:  # every token was sent: only the end lost
+                        self.final = (200, "ok", None)
+                        await self._end(wire.DONE, now)
+                        return self._finish_record()
+                    continue
+                if self._falls_back(failure, now):
+                    continue
                 await self._fail(failure)
                 return self._finish_record()
         except ClientGone:
@@ -176,9 +205,27 @@ class _Lifecycle:
             and self.deadline.permits_attempt(now, self.shortest_attempt_s or 0.0)
         )
 
+    def _falls_back(self, failure: Fault, now: float) -> bool:
+        """Whether the next attempt is the consumer's own prefill after ``failure`` ended the
+        last producer attempt this request may make (``[routing] prefill_fallback``)."""
+        if not falls_back_locally(
+            failure,
+            enabled=self.policies.placement.disaggregation.local_after_producer_failure,
+            committed=self.committed,
+            fell_back=self.fell_back,
+            producer=self._producer,
+            now=now,
+            deadline=self.deadline,
+        ):
+            return False
+        self.fell_back = True
+        return True
+
     def _charge(self, failure: Fault, now: float) -> None:
         if failure.engine is None:
             return
+        if failure.engine == self._producer and failure.phase == "prefill":
+            self.producer_failed = True
         self.failed_engines.add(failure.engine)
         epoch = self._epochs.get(failure.engine)
         if epoch is None:
@@ -277,6 +324,9 @@ class _Lifecycle:
             output_tokens=self.tokens,
             error=error,
             prompt_tokens=self.prompt_tokens,
+            prefill_fallback=self.fell_back,
+            resumes=0 if self.resume is None else self.resume.resumes,
+            resume_refused=None if self.resume is None else self.resume.refused,
         )
         self.record = record
         self.policies.on_record(record)
@@ -319,6 +369,11 @@ class _Lifecycle:
         clock, policies = self.ports.clock, self.policies
         self._epochs = {}
         self._producer = None
+        if self.resume is not None:
+            if not self.committed:  # a fresh attempt before anything was shown
+                self.resume.restarted()
+            self.leg_request = self.resume.leg_request()
+        request = self.leg_request
         now = clock.now()
         if self.deadline.expired(now):
             return fault(
@@ -327,12 +382,17 @@ class _Lifecycle:
         if not policies.placement.any_eligible("decode", now):
             return self._no_engine("decode")  # nobody could take the handoff: spare the prefill
         placement = policies.placement
-        if placement.prefill_locally(self.request, now, self.failed_engines):
+        if self.fell_back:
+            return await self._prefill_on_consumer(now, PRODUCER_FAILED)
+        if placement.prefill_locally(request, now, self.failed_engines):
             return await self._prefill_on_consumer(now, SHORT_PROMPT)
-        producer = placement.choose("prefill", now, self.failed_engines, self.request)
+        producer = placement.choose("prefill", now, self.failed_engines, request)
         if producer is None:
             if placement.local_without_producer:
                 return await self._prefill_on_consumer(now, NO_PRODUCER)
+            if self.producer_failed and placement.disaggregation.local_after_producer_failure:
+                self.fell_back = True  # a retry after a producer fault found no producer
+                return await self._prefill_on_consumer(now, PRODUCER_FAILED)
             return self._no_engine("prefill")
         placement.prefill_routes.remote += 1
         self._producer = producer
@@ -341,7 +401,7 @@ class _Lifecycle:
             self.ports.transport,
             clock,
             producer,
-            self.request,
+            request,
             backend_request_id=policies.new_id(f"{self.request.request_id}-p{self.attempts}"),
             connector=policies.kv_connector,
             pinned_side_channel=policies.pinned_side_channel(producer),
@@ -349,7 +409,7 @@ class _Lifecycle:
             max_handoff_age_s=self.engine_cfg.max_handoff_age_s,
         )
         prefill_slot.release()
-        if prefilled.replied_at is not None:  # the producer's HTTP leg completed
+        if prefilled.replied_at is not None and not self.committed:  # the producer replied
             self.ttft_s = prefilled.replied_at - self.request.arrival
             if prefilled.prompt_tokens is not None:
                 self.prompt_tokens = prefilled.prompt_tokens
@@ -361,7 +421,7 @@ class _Lifecycle:
         policies.breaker.on_success(producer, self._epochs[producer], now, phase="prefill")
         self.unused_handoff = (producer, descriptor)
 
-        consumer = policies.placement.choose("decode", now, self.failed_engines, self.request)
+        consumer = policies.placement.choose("decode", now, self.failed_engines, request)
         if consumer is None:
             return self._no_engine("decode")
         self._reserve(consumer, "decode", now)
@@ -369,7 +429,7 @@ class _Lifecycle:
         if too_old is not None:
             return too_old
         crossed = consumer != producer
-        body = decode_body(self.request, descriptor if crossed else None)
+        body = decode_body(request, descriptor if crossed else None)
         return await self._decode(
             consumer,
             body,
@@ -382,14 +442,11 @@ class _Lifecycle:
         (:mod:`narwhal.core.routing.disagg`): the consumer computes the prompt itself, its
         decode leg carrying no transfer parameters; no producer leg, so no ``ttft_s``."""
         policies = self.policies
-        consumer = policies.placement.choose("decode", now, self.failed_engines, self.request)
+        request = self.leg_request
+        consumer = policies.placement.choose("decode", now, self.failed_engines, request)
         if consumer is None:
             return self._no_engine("decode")
-        routes = policies.placement.prefill_routes
-        if reason == SHORT_PROMPT:
-            routes.short_prompt += 1
-        else:
-            routes.no_producer += 1
+        policies.placement.prefill_routes.count_local(reason)
         if policies.log.enabled:
             policies.log.add(
                 now, "prefill_local", consumer, request=self.request.request_id, reason=reason
@@ -397,7 +454,7 @@ class _Lifecycle:
         self._reserve(consumer, "decode", now)
         return await self._decode(
             consumer,
-            decode_body(self.request, None),
+            decode_body(request, None),
             policies.new_id(f"{self.request.request_id}-d{self.attempts}"),
             pulls=False,
         )
@@ -433,6 +490,7 @@ class _Lifecycle:
         if not self.committed:  # an earlier attempt's tokens were never shown: count afresh
             self.got_token, self.tokens, self.first_byte_s = False, 0, None
         clock, transport, policies = self.ports.clock, self.ports.transport, self.policies
+        resume = self.resume
         relay_asked = False  # whether the transport was asked to relay this stream's reads
         while True:
             result = await transport.next_chunk(leg.handle, leg.deadline)
@@ -440,6 +498,8 @@ class _Lifecycle:
             out: list[bytes] = []  # what this read forwards, sent in one write
             for at, event in leg.read(result, now):
                 kind = event.kind
+                if resume is not None and kind is not EventKind.DONE:
+                    resume.saw(event)
                 if kind is EventKind.TOKEN:
                     if not self.got_token:
                         self.got_token = True
@@ -451,13 +511,13 @@ class _Lifecycle:
                             out += pending_metadata
                     self.tokens += 1
                     if assembler is None:
-                        out.append(event.wire())
+                        out.append(event.wire() if resume is None else resume.wire(event))
                     elif not assembler.take(event):
                         return assembler.too_large(consumer)
                 elif kind is EventKind.METADATA:
                     self._metadata(event)
                     if self.committed:
-                        out.append(event.wire())
+                        out.append(event.wire() if resume is None else resume.wire(event))
                     elif assembler is None:
                         pending_metadata.append(event.wire())
                     elif not assembler.take(event):
@@ -479,6 +539,10 @@ class _Lifecycle:
                         blocked_s=back_at - now,
                     )
             if leg.fault is not None:
+                if leg.fault.kind is FaultKind.DONE_BEFORE_TOKEN and self.committed:
+                    # a resumed leg that ends at once: the sequence ended where the last stopped
+                    await self._succeed(consumer, clock.now(), [wire.DONE], None)
+                    return None
                 if leg.fault.kind is FaultKind.DONE_BEFORE_TOKEN:  # not charged (yet): avoided
                     self.failed_engines.add(consumer)
                     self.empty_streams.ended_empty(consumer, self._epochs[consumer], self._producer)
@@ -489,6 +553,8 @@ class _Lifecycle:
 
     def _metadata(self, event: SseEvent) -> None:
         """A metadata event's usage, if it has one: the decode's own prompt count."""
+        if self.resume is not None and not self.resume.first_leg:
+            return  # a resumed leg counts the delivered tokens as prompt: not the client's
         if event.payload is not None and "usage" in event.payload:
             reported = prompt_tokens_of(event.payload)
             if reported is not None:
@@ -505,10 +571,15 @@ class _Lifecycle:
         events = leg.forwardable(data)
         if events is None:
             return None
+        resume = self.resume
+        if resume is not None and not resume.first_leg:
+            return None  # a resumed leg's events are rewritten: the loop's
         out = events[0].wire() if len(events) == 1 else b"".join([e.wire() for e in events])
         if not self.sink.send_now(out):
             return None
         for event in events:
+            if resume is not None:
+                resume.saw(event)
             if event.kind is EventKind.TOKEN:
                 self.tokens += 1
             else:

@@ -51,6 +51,8 @@ from narwhal.core.records import DecisionLog
 from narwhal.core.requests import ClientRequest
 from narwhal.core.routing.build import build_policy
 from narwhal.core.routing.disagg import Disaggregation, PrefillRoutes
+from narwhal.core.routing.kv_aware import BlockChain
+from narwhal.core.routing.kv_index import KvIndex
 from narwhal.core.routing.load import EngineLoad, LoadReports
 from narwhal.core.routing.policy import RoutingPolicy
 
@@ -85,6 +87,7 @@ class Placement:
         rng: random.Random,
         log: DecisionLog,
         routing: RoutingSettings | None = None,
+        block_chain: BlockChain | None = None,
     ) -> None:
         self._breaker = breaker
         self._log = log
@@ -97,6 +100,13 @@ class Placement:
         }
         self.load_reports = LoadReports(list(roles))
         settings = routing if routing is not None else RoutingSettings()
+        kv = settings.kv_aware
+        # what each engine's KV events say it holds (fed by the drivers; read by kv_aware)
+        self.kv_index = KvIndex(
+            max_blocks_per_engine=kv.max_blocks_per_engine,
+            max_blocks_total=kv.max_blocks_total,
+            speculative_ttl_s=kv.speculative_ttl_s,
+        )
         names = {"prefill": settings.prefill, "decode": settings.decode}
         self.routing: dict[str, RoutingPolicy] = {
             phase: build_policy(
@@ -107,6 +117,8 @@ class Placement:
                 rng=rng,
                 reports=self.load_reports,
                 settings=settings,
+                kv_index=self.kv_index,
+                block_chain=block_chain,
             )
             for phase in PHASES
         }
@@ -180,7 +192,7 @@ class Placement:
             return False
         consumers = self.candidates("decode", now)
         fresh = [url for url in consumers if url not in avoid]
-        return disaggregation.short_prompt(request, fresh or consumers)
+        return disaggregation.short_prompt(request, fresh or consumers, now)
 
     def report_load(self, url: str, load: EngineLoad, now: float) -> None:
         """``url`` reported ``load`` as of ``now`` (read by ``least_loaded``; see

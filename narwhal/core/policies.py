@@ -21,6 +21,7 @@ from narwhal.core.fleet_changes import FleetChanges, Reload
 from narwhal.core.placement import Placement
 from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.retry import RetryBudget
+from narwhal.core.routing.kv_aware import BlockChain
 
 
 def replica_seed(seed: int, index: int) -> int:
@@ -43,6 +44,7 @@ class Policies:
         seed: int = 0,
         log: DecisionLog | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
+        block_chain: BlockChain | None = None,
     ) -> None:
         root = random.Random(seed)
         self.config = config
@@ -56,7 +58,12 @@ class Policies:
             contract_configured=config.engine_contract is not None,
         )
         self.placement = Placement(
-            roles, self.breaker, random.Random(root.getrandbits(64)), self.log, config.routing
+            roles,
+            self.breaker,
+            random.Random(root.getrandbits(64)),
+            self.log,
+            config.routing,
+            block_chain=block_chain,
         )
         self.budget = RetryBudget(
             config.recovery.retry_budget_ratio, config.recovery.retry_budget_min

@@ -97,8 +97,11 @@ class RequestRecord:
         "first_byte_s",
         "outcome",
         "output_tokens",
+        "prefill_fallback",
         "prompt_tokens",
         "request_id",
+        "resume_refused",
+        "resumes",
         "status",
         "ttft_s",
     )
@@ -119,6 +122,9 @@ class RequestRecord:
         output_tokens: int,
         error: str | None = None,
         prompt_tokens: int | None = None,
+        prefill_fallback: bool = False,
+        resumes: int = 0,
+        resume_refused: str | None = None,
     ) -> None:
         self.request_id: Final = request_id
         self.arrival: Final = arrival
@@ -136,6 +142,14 @@ class RequestRecord:
         # the prompt's tokens as an engine reported them (usage.prompt_tokens; None: no engine
         # said; the router has no tokenizer)
         self.prompt_tokens: Final = prompt_tokens
+        # the consumer prefilled the prompt after every producer attempt failed
+        # ([routing] prefill_fallback = "local")
+        self.prefill_fallback: Final = prefill_fallback
+        # how many times the committed stream was resumed on another consumer
+        # (narwhal.core.resume), and why its last committed failure was not (None: it was, or
+        # nothing failed after commit, or resuming is off)
+        self.resumes: Final = resumes
+        self.resume_refused: Final = resume_refused
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RequestRecord) and self.as_dict() == other.as_dict()
@@ -158,5 +172,8 @@ class RequestRecord:
             "engines": list(self.engines),
             "output_tokens": self.output_tokens,
             "prompt_tokens": self.prompt_tokens,
+            "prefill_fallback": self.prefill_fallback,
             "error": self.error,
+            "resumes": self.resumes,
+            "resume_refused": self.resume_refused,
         }

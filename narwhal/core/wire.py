@@ -159,8 +159,16 @@ class ChunkWriter:
             )
         )
 
-    def token_chunk(self, text: str, finish_reason: str | None = None) -> bytes:
-        """A chunk carrying generated ``text``; ``finish_reason`` on the last one."""
+    def token_chunk(
+        self,
+        text: str,
+        finish_reason: str | None = None,
+        token_ids: Sequence[int] | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> bytes:
+        """A chunk carrying generated ``text``; ``finish_reason`` on the last one. With
+        ``token_ids`` (a request's ``return_token_ids``) the choice also carries the ids of
+        ``text`` and, on the stream's first chunk, ``prompt_token_ids``, as vLLM writes them."""
         encoded = json_string(text)
         finish = b"null" if finish_reason is None else json_string(finish_reason)
         if self.chat:
@@ -171,7 +179,13 @@ class ChunkWriter:
                 b',"logprobs":null,"finish_reason":',
                 b',"stop_reason":null}]}\n\n',
             )
-        return b"".join((self._prefix, parts[0], encoded, parts[1], finish, parts[2]))
+        end = parts[2]
+        if token_ids is not None:  # inserted before the choice's and the chunk's closing "}]}"
+            ids = [end[:-5], b',"token_ids":', to_json(list(token_ids)), end[-5:]]
+            if prompt_token_ids is not None:
+                ids[1:1] = [b',"prompt_token_ids":', to_json(list(prompt_token_ids))]
+            end = b"".join(ids)
+        return b"".join((self._prefix, parts[0], encoded, parts[1], finish, end))
 
     def usage_chunk(
         self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None

@@ -11,7 +11,8 @@ Theory of operation: :meth:`Inference.handle` parses the request (a refusal is v
 JSON) and serves it. Before anything is sent, ``hang_headers`` hangs, ``reset`` resets the
 connection and ``http_5xx`` answers its ``code``. A streaming request then gets HTTP 200 and SSE
 headers at once (vLLM sends them before generating), its prefill or KV pull, (chat) the role
-chunk, the token chunks (the last one carries ``finish_reason``), the usage chunk when
+chunk, the token chunks (the last one carries ``finish_reason``; with ``return_token_ids`` each
+carries its ``token_ids`` and the first the ``prompt_token_ids``, as vLLM's), the usage chunk when
 ``stream_options.include_usage`` and ``data: [DONE]``; an error after the headers is an in-band
 error event, then ``[DONE]``. The stream faults act after ``after_tokens`` tokens: ``stall``
 goes silent, ``disconnect`` ends the body without ``[DONE]``, ``early_done`` sends ``[DONE]``,
@@ -38,7 +39,7 @@ from narwhal.emulator.handoff import Handoff
 from narwhal.emulator.request import InferenceJob, Rejected, parse_job
 from narwhal.emulator.state import EngineState
 from narwhal.emulator.surfaces import kv_blocks
-from narwhal.emulator.text import completion_tokens
+from narwhal.emulator.text import completion_tokens, token_ids
 
 
 class Inference:
@@ -109,13 +110,19 @@ class Inference:
         tokens = completion_tokens(job.prompt, job.max_tokens)
         per_token = self._per_token_s(job)
         stop_at = fault.after_tokens if fault is not None and kind in STREAM_FAULTS else None
+        with_ids = job.body.get("return_token_ids") is True
         for index, token in enumerate(tokens):
             if stop_at is not None and index == stop_at:
                 break
             await anyio.sleep(per_token)
             await self.actor.wait_step()
-            last = index == len(tokens) - 1
-            await emit(writer.token_chunk(token, "length" if last else None))
+            finish = "length" if index == len(tokens) - 1 else None
+            if with_ids:  # vLLM's return_token_ids: the prompt's ids ride on the first chunk
+                prompt_ids = token_ids(job.prompt) if index == 0 else None
+                chunk = writer.token_chunk(token, finish, token_ids(token, bos=False), prompt_ids)
+            else:
+                chunk = writer.token_chunk(token, finish)
+            await emit(chunk)
             state.counts["generation_tokens"] += 1
         if fault is not None and stop_at is not None and stop_at < len(tokens):
             if kind == "stall":

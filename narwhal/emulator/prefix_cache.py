@@ -50,7 +50,7 @@ class PrefixCache:
         self.block_size = block_size
         self.capacity = capacity
         self.enabled = enabled
-        self._pool = BlockPool(capacity)
+        self._pool = BlockPool(capacity, block_size)
         self.queries = 0  # prompt tokens looked up (vllm:prefix_cache_queries)
         self.hits = 0  # of them, tokens found cached (vllm:prefix_cache_hits)
 

@@ -7,10 +7,14 @@ number of tokens, so tests can assert the exact tokens a client must receive
 Theory of operation: a chat request is rendered with a ChatML-like template, a completions
 prompt is taken as is; like the tiny model the real-vLLM tests serve
 (:mod:`narwhal.vllm.tiny_model`), one character is one token and a prompt counts its characters
-plus one (BOS). Token ``i`` is a lowercase letter picked from the
-SHA-256 digest of the prompt. Token ids (``/tokenize``, ``/detokenize``) follow the tiny
-model's layout: the special tokens first (``<s>``, the BOS, is id 1), then one id per character
-(:func:`token_ids`, :func:`detokenized`).
+plus one (BOS). Generation is autoregressive, as a model's greedy decoding is: each token is a
+lowercase letter picked from the SHA-256 digest of everything before it (the prompt and the
+tokens generated so far), so the continuation of a prompt followed by its first ``k`` generated
+tokens is exactly the rest of that prompt's generation (a resumed stream's exact continuity is
+checked against it). A prompt given as token ids is the text of those ids, its leading BOS
+dropped (the BOS is counted, not rendered). Token ids (``/tokenize``, ``/detokenize``) follow
+the tiny model's layout: the special tokens first (``<s>``, the BOS, is id 1), then one id per
+character (:func:`token_ids`, :func:`detokenized`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ def prompt_text(body: dict[str, Any], chat: bool) -> str:
         ]
         return "".join(rendered) + "<|im_start|>assistant\n"
     prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        ids = prompt[1:] if prompt[0] == BOS_ID else prompt
+        return detokenized(ids)
     if isinstance(prompt, list):
         return "".join(p if isinstance(p, str) else str(p) for p in prompt)
     return _content(prompt)
@@ -55,9 +62,15 @@ def digest(text: str) -> str:
 
 
 def completion_tokens(text: str, count: int) -> list[str]:
-    """The ``count`` tokens an emulated engine generates for prompt ``text``."""
-    seed = hashlib.sha256(text.encode()).digest()
-    return [ALPHABET[(seed[i % len(seed)] + i) % len(ALPHABET)] for i in range(count)]
+    """The ``count`` tokens an emulated engine generates for prompt ``text``: each a function of
+    the prompt and every token before it (one running digest, so the work is linear)."""
+    context = hashlib.sha256(text.encode())
+    out = []
+    for _ in range(count):
+        token = ALPHABET[context.copy().digest()[0] % len(ALPHABET)]
+        context.update(token.encode())
+        out.append(token)
+    return out
 
 
 def completion_text(body: dict[str, Any], chat: bool, max_tokens: int) -> str:

@@ -27,12 +27,21 @@ producer's descriptor).
   before its head and what the pool holds of any prefix is a prefix of it.
 - With no cached block at all (prefix caching off, or prompts whose content has no key) every
   path is the plain stack.
+- KV cache events (vLLM's ``--kv-events-config``): when :attr:`publish` is set, each
+  :meth:`register` that caches new keys publishes one ``BlockStored`` of them (in order; the
+  key is the block hash, the parent and token ids are left empty, as the router's index reads
+  neither) and each eviction by :meth:`take` one ``BlockRemoved`` of the evicted keys, as
+  vLLM's block pool does; a new pool is a new engine process, whose publisher starts a new
+  sequence (the router's index sees the restart as a gap and drops the old entries).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from itertools import islice
+
+from narwhal.core.routing.kv_events import BlockRemoved, BlockStored, KvEvent
 
 BlockKey = int  # stands for a full block's tokens and everything before them
 
@@ -40,7 +49,10 @@ BlockKey = int  # stands for a full block's tokens and everything before them
 class BlockPool:
     """One engine's KV blocks: the free ones, and the cached ones by key."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
+        self.block_size = block_size  # tokens per block (only the events carry it)
+        # where the pool's KV cache events go (None: vLLM without --kv-events-config)
+        self.publish: Callable[[KvEvent], None] | None = None
         self.free_ids: list[int] = list(range(num_blocks - 1, -1, -1))  # holding nothing cached
         self.block_of: dict[BlockKey, int] = {}  # the cached blocks by key
         # by block id: its key (None: not cached) and, while cached, its holders (0: free)
@@ -90,13 +102,17 @@ class BlockPool:
         if k < n:
             evictable, key_of, block_of = self.evictable, self.key_of, self.block_of
             victims = list(islice(evictable, n - k))  # the least recently freed
+            evicted: list[BlockKey] = []
             for block in victims:
                 del evictable[block]
                 key = key_of[block]
                 if key is not None:  # (always: only cached blocks are evictable)
                     del block_of[key]
+                    evicted.append(key)
                 key_of[block] = None
             taken.extend(victims)
+            if self.publish is not None and evicted:
+                self.publish(BlockRemoved(tuple(evicted)))
         return taken
 
     def take_one(self) -> int | None:
@@ -112,12 +128,17 @@ class BlockPool:
         ones holding the content of ``keys``: cache each under its key unless the key is cached
         already (in another block: then this one stays the holder's own)."""
         block_of, key_of, refs = self.block_of, self.key_of, self.refs
+        stored: list[BlockKey] | None = [] if self.publish is not None else None
         for key, block in zip(keys, blocks, strict=True):
             if key in block_of:
                 continue
             block_of[key] = block
             key_of[block] = key
             refs[block] = 1
+            if stored is not None:
+                stored.append(key)
+        if stored and self.publish is not None:
+            self.publish(BlockStored(tuple(stored), None, (), self.block_size))
 
     def free(self, blocks: list[int]) -> None:
         """A holder lets go of ``blocks``: uncached ones go back on the stack, cached ones lose

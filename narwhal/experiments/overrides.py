@@ -198,6 +198,11 @@ def scale_rate(data: dict[str, Any], multiplier: float) -> None:
     if kind == "shared_context":
         _scale_stages(workload, multiplier)
         return
+    if kind == "log":
+        raise ValueError(
+            'workload.rate_multiplier: a kind = "log" workload replays the log\'s own arrival '
+            "times; it has no rate to scale"
+        )
     key = "rate_scale" if kind == "trace" else "rate"
     base = _number(workload.get(key, _WORKLOAD_DEFAULTS[key]), f"workload.{key}")
     workload[key] = base * multiplier

@@ -119,7 +119,9 @@ class Router:
             self.metrics, self.clock, ModelLabels(pinned), self.tracing, request_log
         )
         # engine health in the JSON log (without one, an embedder's: the warnings on stderr)
-        self.engine_log = EngineEventLog(request_log or _warn_line, self.clock)
+        self.engine_log = EngineEventLog(
+            request_log or _warn_line, self.clock, replay_lines=request_log is not None
+        )
         metrics_hook = self.metrics.on_decision
         engine_log = self.engine_log
 
@@ -143,6 +145,7 @@ class Router:
                 poll_s=reload_poll_s,
                 sighup=reload_on_sighup,
                 say=announce,
+                on_config=self.engine_log.router_started,  # the fleet now, for a replay
             )
         )
         self.metrics.attach(self.policies, self.clock)
@@ -203,6 +206,7 @@ class Router:
 
             traced = transport if self.tracing is None else self.tracing.wrap(transport)
             self._ports = Ports(self.clock, traced, spawn)
+            self.engine_log.router_started(self.config)
             if self._announce is not None:
                 for line in await self.describe_fleet():
                     self._announce(line)

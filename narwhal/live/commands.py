@@ -118,6 +118,7 @@ def _load(args: argparse.Namespace) -> Any:
     problem has been told on stderr."""
     from narwhal.config_file import config_from_urls, load_config
     from narwhal.core.config import ConfigError
+    from narwhal.core.routing.kv_aware import kv_aware_phases, unavailable
 
     urls = bool(args.prefill or args.decode)
     if (args.config is None) == (not urls):
@@ -129,9 +130,14 @@ def _load(args: argparse.Namespace) -> Any:
         )
         return None
     try:
-        if args.config is not None:
-            return load_config(args.config)
-        return config_from_urls(args.prefill, args.decode)
+        config = (
+            load_config(args.config)
+            if args.config is not None
+            else config_from_urls(args.prefill, args.decode)
+        )
+        for phase in kv_aware_phases(config.routing):  # no block identity live (yet)
+            raise unavailable(phase)
+        return config
     except ConfigError as error:
         print(f"narwhal: {error}", file=sys.stderr)
         return None

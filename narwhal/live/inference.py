@@ -35,6 +35,7 @@ from narwhal.core.entry import admit_and_serve
 from narwhal.core.lifecycle import serve_request
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports
+from narwhal.core.prompt_identity import prompt_fields
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import BadRequest, ClientRequest, parse_client_request
 from narwhal.core.shutdown import answer_shutdown
@@ -155,6 +156,8 @@ class Inference:
     ) -> None:
         router = self.router
         served.set_model(router.reporter.models, parsed.body.get("model"))
+        if router.reporter.request_log is not None:
+            served.prompt = prompt_fields(parsed)
 
         try:
             async with CancelledOnDisconnect(request.closed, sink):

@@ -118,7 +118,8 @@ def _routing_families(policies: Policies, now: float) -> Iterator[Any]:
     placement = policies.placement
     prefills = CounterMetricFamily(
         "narwhal_prefills",
-        "prefills by route: remote (a producer), short_prompt and no_producer (the consumer)",
+        "prefills by route: remote (a producer); short_prompt, no_producer and producer_failed"
+        " (the consumer)",
         labels=["route"],
     )
     for route, count in placement.prefill_routes.as_dict().items():
@@ -347,6 +348,12 @@ class RouterMetrics:
             ["engine", "fault"],
             registry=r,
         )
+        self.resumes = Counter(  # reason: the fault (resumed) or narwhal.core.resume's refusal
+            "narwhal_stream_resumes",
+            "committed streams whose consumer failed: resumed elsewhere or refused, and why",
+            ["outcome", "reason"],
+            registry=r,
+        )
         self.quarantines = Counter(
             "narwhal_quarantines", "engines quarantined after a failure", ["engine"], registry=r
         )
@@ -448,6 +455,8 @@ class RouterMetrics:
             self.probes.labels(engine, str(detail.get("outcome", ""))).inc()
         elif kind == "retry":
             self.retries.labels(engine, str(detail.get("fault", ""))).inc()
+        elif kind == "resume":
+            self.resumes.labels(str(detail.get("outcome", "")), str(detail.get("reason", ""))).inc()
         elif kind == "quarantine":
             self.quarantines.labels(engine).inc()
         elif kind == "stale":

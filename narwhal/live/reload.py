@@ -33,7 +33,7 @@ import anyio
 
 from narwhal.config_file import config_from_bytes
 from narwhal.core.breaker import EngineState
-from narwhal.core.config import ConfigError
+from narwhal.core.config import ConfigError, NarwhalConfig
 from narwhal.core.fleet_changes import Reload
 from narwhal.core.policies import Policies
 from narwhal.live.clock import AnyioClock
@@ -81,8 +81,10 @@ class ConfigReloader:
         poll_s: float = DEFAULT_POLL_S,
         sighup: bool = False,
         say: Callable[[str], None] | None = None,
+        on_config: Callable[[NarwhalConfig], None] | None = None,
     ) -> None:
         self.path = Path(path)
+        self._on_config = on_config  # called with the configuration in force after a reload
         self._policies = policies
         self._clock = clock
         self._poll_s = poll_s  # 0: no file watch (SIGHUP and request() only)
@@ -124,6 +126,8 @@ class ConfigReloader:
         self._joining.difference_update(outcome.removed)
         self.last = outcome
         self._say(f"narwhal: reload of {self.path}: {outcome.summary()}")
+        if self._on_config is not None:
+            self._on_config(self._policies.config)
         return outcome
 
     async def run(self, *, stop: Callable[[], bool]) -> None:

@@ -103,6 +103,7 @@ class ServedRequest:
         "endpoint",
         "held",
         "model",
+        "prompt",
         "request_id",
         "requested_model",
         "sink",
@@ -120,6 +121,8 @@ class ServedRequest:
         self.model = UNKNOWN_MODEL
         self.requested_model: str | None = None  # the client's own string (the span's), bounded
         self.held: RequestRecord | None = None  # a cancelled request's record, awaiting why
+        # what the log says of the prompt (narwhal.core.prompt_identity; None: never parsed)
+        self.prompt: dict[str, Any] | None = None
         self.token: Token[ServedRequest | None] | None = None  # CURRENT's, to reset it
 
     def set_model(self, labels: ModelLabels, requested: Any) -> None:
@@ -197,7 +200,8 @@ class RequestReporter:
         model = served.model if served is not None else UNKNOWN_MODEL
         self.metrics.on_record(record, model)
         if self.request_log is not None:
-            self.request_log(self._log_line(record, model))
+            prompt = served.prompt if served is not None else None
+            self.request_log(self._log_line(record, model, prompt))
         if served is not None and served.trace is not None:
             trace, served.trace = served.trace, None
             attributes = {"http.route": served.endpoint, "narwhal.model": model}
@@ -205,8 +209,9 @@ class RequestReporter:
                 attributes["gen_ai.request.model"] = served.requested_model
             trace.finish(record, attributes)
 
-    def _log_line(self, record: RequestRecord, model: str) -> bytes:
-        """The request's one JSON log line."""
+    def _log_line(self, record: RequestRecord, model: str, prompt: dict[str, Any] | None) -> bytes:
+        """The request's one JSON log line (with what a replay needs of its prompt, when the
+        body was parsed: ``narwhal.core.prompt_identity``)."""
         line = {
             "event": "request",
             "request_id": record.request_id,
@@ -222,6 +227,13 @@ class RequestReporter:
             "committed": record.committed,
             "output_tokens": record.output_tokens,
             "prompt_tokens": record.prompt_tokens,
+            "prefill_fallback": record.prefill_fallback,
             "error": record.error,
         }
+        if record.resumes:  # only with [recovery] resume_streams: a stream resumed elsewhere
+            line["resumes"] = record.resumes
+        if record.resume_refused is not None:  # ... or why it could not be
+            line["resume_refused"] = record.resume_refused
+        if prompt is not None:
+            line.update(prompt)
         return json_line(line)

@@ -1,4 +1,5 @@
-"""``narwhal simulate [SCENARIO.toml] [--seed N] [--out DIR]``.
+"""``narwhal simulate [SCENARIO.toml] [--seed N] [--out DIR]`` and ``narwhal replay LOG
+[--out SCENARIO.toml]`` (:mod:`narwhal.sim.replay`).
 
 Rule kept here: the command only reads a scenario, runs it and writes results; the default
 scenario is embedded (``narwhal/sim/scenarios/default.toml``), so the command works with no
@@ -42,6 +43,44 @@ def register(subparsers: Any) -> None:
         "--print-default", action="store_true", help="print the embedded default scenario and exit"
     )
     parser.set_defaults(func=_simulate)
+    replay = subparsers.add_parser(
+        "replay",
+        help="write a scenario that replays a router's request log, faults included",
+        description=(
+            "Read `narwhal serve`'s JSON request log (its stdout) and write a scenario that "
+            'replays it: its requests as [workload] kind = "log", its fleet and router '
+            "settings, and the engine failures the router saw as [[faults]], each commented "
+            "with the log lines it comes from. Simulate or sweep the scenario to ask what other "
+            "settings would have done with the same traffic and faults."
+        ),
+    )
+    replay.add_argument("log", help="the request log (JSON lines)")
+    replay.add_argument("--out", default=None, help="write the scenario here (default: stdout)")
+    replay.set_defaults(func=_replay)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from narwhal.sim.replay import replay_scenario
+    from narwhal.sim.request_log import LogError
+    from narwhal.sim.scenario import ScenarioError
+
+    try:
+        replay = replay_scenario(args.log)
+    except (LogError, ScenarioError) as error:
+        print(f"narwhal replay: {error}", file=sys.stderr)
+        return 2
+    if args.out is None:
+        sys.stdout.write(replay.text)
+    else:
+        Path(args.out).write_text(replay.text, "utf-8")
+    ejected = ", ".join(replay.history.ejected) or "none"
+    print(
+        f"narwhal replay: {len(replay.log.requests)} requests, {len(replay.roles)} engines, "
+        f"{replay.faults} faults; ejected in the log: {ejected}"
+        + (f"; scenario in {args.out}" if args.out else ""),
+        file=sys.stderr,
+    )
+    return 0
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.policies import Policies, replica_seed
 from narwhal.core.records import DecisionLog, RequestRecord
+from narwhal.core.routing.kv_aware import BlockChain
 
 MAX_REPLICAS = 64
 
@@ -58,11 +59,18 @@ class RouterReplicas:
         seed: int,
         log: DecisionLog,
         on_record: Callable[[RequestRecord], None],
+        block_chain: BlockChain | None = None,
     ) -> None:
         self.settings = settings
         self.logs = [log] + [DecisionLog(enabled=log.enabled) for _ in range(1, settings.replicas)]
         self.members = [
-            Policies(config, seed=replica_seed(seed, k), log=self.logs[k], on_record=on_record)
+            Policies(
+                config,
+                seed=replica_seed(seed, k),
+                log=self.logs[k],
+                on_record=on_record,
+                block_chain=block_chain,
+            )
             for k in range(settings.replicas)
         ]
         self._spread_rng = random.Random(f"{seed}/spread")

@@ -81,8 +81,7 @@ def record_rows(result: RunResult) -> list[dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
     for record in result.records:
         index = int(record.request_id.rsplit("-", 1)[1])
-        got = delivered.get(f"{record.request_id}-d{record.attempts}")
-        rows[index] = record_row(record, result.arrivals[index], got)
+        rows[index] = record_row(record, result.arrivals[index], delivered)
     return [
         rows[index] if index in rows else unfinished_row(index, arrival)
         for index, arrival in enumerate(result.arrivals)
@@ -176,6 +175,9 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         },
     }
     summary.update(engine_settings(result))
+    if result.scenario.router.recovery.resume_streams:  # [recovery] resume_streams
+        summary["resumed_requests"] = stats.resumed
+        summary["resume_refused"] = dict(sorted(stats.resume_refused.items()))
     if result.replica_ejections:  # several router replicas ([router] replicas > 1)
         per_replica = (
             streamed.replica_counts.summary(result.replica_ejections)

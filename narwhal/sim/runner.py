@@ -42,6 +42,7 @@ from narwhal.sim.faults import FaultSpec, FaultWindow, expand, install, past_the
 from narwhal.sim.gpu.engine import SimEngine
 from narwhal.sim.gpu.handoffs import Registry
 from narwhal.sim.gpu.prefix import prompt_text
+from narwhal.sim.kvevents import sim_block_chain, start_kv_events
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.loadreports import start_load_reports
 from narwhal.sim.replicas import RouterReplicas
@@ -182,13 +183,19 @@ def run(
             engine.totals.on_delivered = streamer.deliver
 
     replicas = RouterReplicas(
-        scenario.replicas, config, seed=policy_seed, log=log, on_record=on_record
+        scenario.replicas,
+        config,
+        seed=policy_seed,
+        log=log,
+        on_record=on_record,
+        block_chain=sim_block_chain(params.block_size),
     )
     several = len(replicas.members) > 1
     if streamer is not None:
         for k, replica_log in enumerate(replicas.logs):
             replica_log.on_decision = streamer.decision_sink(k)
             replica_log.keep = 1  # what it adds is on disk
+    start_kv_events(env, engines, replicas.members, sim.kv_event_delay_s)
     ports = make_ports(env, engines)
     horizon = last_t + config.engine.request_timeout_s
     roles = {e.url: e.role.value for e in config.engines}

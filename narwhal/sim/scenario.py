@@ -20,7 +20,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from narwhal.config_file import parse_toml, read_toml
 from narwhal.core.config import ConfigError, NarwhalConfig, parse_config, validation_problems
@@ -104,6 +112,8 @@ class FleetSettings(_Strict):
     profile: str | None = None
     tensor_parallel: int = Field(1, ge=1)  # per-operator profiles: the engine's TP degree
     cuda_graphs: bool = True  # per-operator profiles: vLLM's default CUDA graphs (else eager)
+    # per-operator profiles: vLLM's cudagraph_capture_sizes (None: its default rule)
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
     # None: vLLM's defaults for the GPU and the usage context (narwhal/sim/vllm_defaults.py)
     max_num_seqs: int | None = Field(None, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=16)
@@ -135,11 +145,18 @@ class FleetSettings(_Strict):
     # "fitted": the step model fitted to the H200 profile; "linear": the emulator's timing
     timing: Literal["fitted", "linear"] = "fitted"
     linear: LinearTimingSettings | None = None  # with timing = "linear" (default: all zero)
+    # a profile already read, handed to :func:`parse_scenario` (a replay of a real run with an
+    # LLMServingSim profile directory): used instead of `profile` or the bundled one
+    _given_profile: dict[str, Any] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _consistent(self) -> FleetSettings:
+    def _consistent(self, info: ValidationInfo) -> FleetSettings:
+        given = (info.context or {}).get("profile")
+        if given is not None:
+            self._given_profile = given
+        own_profile = self.profile is not None or self._given_profile is not None
         if self.gpu not in GPUS and (
-            self.profile is None or self.gpu_name is None or self.gpu_memory_gb is None
+            not own_profile or self.gpu_name is None or self.gpu_memory_gb is None
         ):
             raise ValueError(
                 f"gpu {self.gpu!r} is not known; known: {', '.join(sorted(GPUS))} (another GPU "
@@ -155,14 +172,16 @@ class FleetSettings(_Strict):
                 "tp_allreduce_latency_us"
             )
         if self.fitted_h200:
-            if self.profile is not None:
+            if own_profile:
                 raise ValueError("profile: the H200 uses its closed-form model; name the GPU")
             if self.model not in model_names():
                 raise ValueError(f"model {self.model!r} is not in the profile ({model_names()})")
-            if "tensor_parallel" in self.model_fields_set or "cuda_graphs" in self.model_fields_set:
+            profile_only = {"tensor_parallel", "cuda_graphs", "cudagraph_capture_sizes"}
+            if profile_only & self.model_fields_set:
                 raise ValueError(
-                    "tensor_parallel and cuda_graphs are for per-operator profiles; on the H200 "
-                    "the model names its TP degree (llama3-70b-tp4)"
+                    "tensor_parallel, cuda_graphs and cudagraph_capture_sizes are for "
+                    "per-operator profiles; on the H200 the model names its TP degree "
+                    "(llama3-70b-tp4)"
                 )
         else:
             try:
@@ -171,8 +190,8 @@ class FleetSettings(_Strict):
                 raise ValueError(str(error)) from None
             if (profile["gpu"], profile["model"]) != (self.gpu, self.model):
                 raise ValueError(
-                    f"profile {self.profile} is of {profile['model']} on {profile['gpu']}, not "
-                    f"of {self.model} on {self.gpu}"
+                    f"profile {self.profile or '(given)'} is of {profile['model']} on "
+                    f"{profile['gpu']}, not of {self.model} on {self.gpu}"
                 )
             if self.timing == "linear":
                 raise ValueError('timing = "linear" needs gpu = "H200"')
@@ -182,6 +201,9 @@ class FleetSettings(_Strict):
                 f"max_num_batched_tokens ({batch.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({batch.max_num_seqs})"
             )
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None and (not sizes or min(sizes) < 1):
+            raise ValueError("cudagraph_capture_sizes: batch sizes of at least 1")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 8 * self.block_size:
             raise ValueError(
                 f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least 8 blocks of "
@@ -205,6 +227,8 @@ class FleetSettings(_Strict):
 
     def op_profile(self) -> dict[str, Any]:
         """The per-operator profile the engines are timed by (not for the H200)."""
+        if self._given_profile is not None:
+            return self._given_profile
         if self.profile is not None:
             return profiles.read_cached(self.profile)
         return profiles.bundled(self.gpu, self.model)
@@ -298,7 +322,12 @@ class FleetSettings(_Strict):
         if not self.fitted_h200:
             shape = self.shape()
             batch = self.batch()
-            graphs = capture_sizes(batch.max_num_seqs) if self.cuda_graphs else ()
+            if not self.cuda_graphs:
+                graphs: tuple[int, ...] = ()
+            elif self.cudagraph_capture_sizes:
+                graphs = tuple(sorted(set(self.cudagraph_capture_sizes)))
+            else:
+                graphs = capture_sizes(batch.max_num_seqs)
             timing = profiles.timing(self.op_profile(), shape.tp, graphs)
             if not self.tp_allreduce:
                 return timing
@@ -372,6 +401,9 @@ class SimSettings(_Strict):
     # hand a stream's plain token chunks to the router in bursts stamped with their arrival
     # times (identical results, far fewer router wake-ups); false: one wake-up per chunk
     coalesce_reads: bool = True
+    # KV cache events (a kv_aware phase only): each engine's events reach the router's index
+    # this long after they happen (vLLM: one batch per engine step, then the ZMQ hop)
+    kv_event_delay_s: float = Field(0.005, ge=0)
 
 
 class Scenario(_Strict):
@@ -406,8 +438,12 @@ def _fleet_engines(fleet: FleetSettings) -> list[dict[str, str]]:
     return engines
 
 
-def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
-    """Validate a mapping (as read from TOML) into a :class:`Scenario`."""
+def parse_scenario(
+    data: dict[str, Any], source: str = "<scenario>", profile: dict[str, Any] | None = None
+) -> Scenario:
+    """Validate a mapping (as read from TOML) into a :class:`Scenario` (``profile``: a
+    per-operator profile already read, for ``[fleet]`` instead of its ``profile`` file or the
+    bundled one)."""
     problems: list[str] = []
     known = {*ROUTER_KEYS, "name", "description", "fleet", "workload", "faults", "sim", "router"}
     for key in sorted(set(data) - known):
@@ -424,7 +460,8 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
     }
     for key, model in models.items():
         try:
-            parts[key] = model.model_validate(data.get(key, {}))
+            context = {"profile": profile} if key == "fleet" and profile is not None else None
+            parts[key] = model.model_validate(data.get(key, {}), context=context)
         except ValidationError as error:
             problems.extend(_format(error, source, key, model))
     faults: list[FaultSpec] = []

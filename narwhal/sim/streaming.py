@@ -27,7 +27,7 @@ import heapq
 import io
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,6 +52,8 @@ RECORD_FIELDS = (
     "output_tokens",
     "delivered_tokens",
     "output_events",
+    "resumes",
+    "resume_refused",
     "error",
 )
 PERCENTILE_KEYS = ("ttft_s", "first_byte_s", "tpot_s")  # over succeeded requests
@@ -62,11 +64,19 @@ def round6(value: float | None) -> float | None:
     return None if value is None else round(value, 6)
 
 
-def record_row(record: RequestRecord, arrival: Arrival, delivered: int | None) -> dict[str, Any]:
+def record_row(
+    record: RequestRecord, arrival: Arrival, delivered: Mapping[str, int]
+) -> dict[str, Any]:
     """A finished request's row: its record joined with its arrival, and its TPOT from the
-    tokens its last decode stream delivered before ``[DONE]`` (``delivered``; None if none)."""
+    tokens its decode streams delivered (``delivered``: ``"<request>-d<attempt>"`` -> tokens;
+    a resumed stream's client got every leg's since the commit)."""
     tpot = None
-    got = delivered if record.status == 200 else None
+    got = delivered.get(f"{record.request_id}-d{record.attempts}")
+    if record.resumes and got is not None:
+        legs = range(record.attempts - record.resumes, record.attempts + 1)
+        got = sum(delivered.get(f"{record.request_id}-d{a}", 0) for a in legs)
+    if record.status != 200:
+        got = None
     if got is not None and record.first_byte_s is not None and got > 1:
         tpot = (record.finished_s - record.first_byte_s) / (got - 1)
     return {
@@ -85,6 +95,8 @@ def record_row(record: RequestRecord, arrival: Arrival, delivered: int | None) -
         "output_tokens": arrival.output,
         "delivered_tokens": got,
         "output_events": record.output_tokens,
+        "resumes": record.resumes,
+        "resume_refused": record.resume_refused,
         "error": record.error,
     }
 
@@ -102,6 +114,7 @@ def unfinished_row(index: int, arrival: Arrival) -> dict[str, Any]:
         prompt_tokens=arrival.prompt,
         output_tokens=arrival.output,
         output_events=0,
+        resumes=0,
     )
     return row
 
@@ -117,6 +130,8 @@ class RowStats:
         self.on_time = 0
         self.unfinished = 0
         self.retried = 0
+        self.resumed = 0
+        self.resume_refused: Counter[str] = Counter()
         self.statuses: Counter[int] = Counter()
         self.errors: Counter[str] = Counter()
         # per percentile key: how many succeeded rows have a value, and the largest magnitude
@@ -134,6 +149,10 @@ class RowStats:
             self.errors[row["outcome"]] += 1
         if row["attempts"] > 1:
             self.retried += 1
+        if row["resumes"]:
+            self.resumed += 1
+        if row["resume_refused"]:
+            self.resume_refused[row["resume_refused"]] += 1
         if status != 200:
             return
         self.succeeded += 1
@@ -299,11 +318,11 @@ class StreamRecorder:
         """A started request's record came in (served by router replica ``replica``)."""
         request_id = record.request_id
         index = int(request_id.rsplit("-", 1)[1])
-        got = self.delivered.pop(f"{request_id}-d{record.attempts}", None)
-        for attempt in range(1, record.attempts):
+        row = record_row(record, self.live.pop(index), self.delivered)
+        for attempt in range(1, record.attempts + 1):
             self.delivered.pop(f"{request_id}-d{attempt}", None)
         self.replica_counts.add(replica, record)
-        self.row(index, record_row(record, self.live.pop(index), got))
+        self.row(index, row)
 
     def row(self, index: int, row: dict[str, Any]) -> None:
         """The row of the ``index``-th arrival (each index exactly once, in any order)."""

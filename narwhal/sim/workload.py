@@ -19,6 +19,9 @@ Theory of operation: five generators.
   with ``prompt_tokens`` and ``output_tokens``; no randomness.
 - ``shared_context``: groups of users sharing a long system prompt, at a rising rate
   (:mod:`narwhal.sim.shared_context`).
+- ``log``: ``narwhal serve``'s request log (``log = PATH``) replayed: its arrivals, lengths and
+  prompt identities (:mod:`narwhal.sim.request_log`); ``narwhal replay`` writes a scenario
+  around it, with the faults the log shows.
 Lengths for ``poisson`` and ``gamma`` come from a :class:`LengthDist`: fixed, uniform,
 lognormal, or ``trace`` (pairs drawn from a trace's empirical distribution, so prompt and output
 lengths keep their correlation). Only ``trace`` (with ``hash_ids``) and ``shared_context``
@@ -62,6 +65,7 @@ __all__ = [
 
 TRACE_CITATION = AZURE_CITATION  # the default trace's
 FIXED_ONLY = frozenset({"arrivals_s", "prompt_tokens", "output_tokens"})  # kind = "fixed" keys
+_NOT_FOR_LOG = frozenset({"trace", "rate", "cv", "rate_scale", "start_s", "repeat"})
 
 
 @dataclass(frozen=True)
@@ -106,8 +110,9 @@ class WorkloadSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["trace", "poisson", "gamma", "fixed", "shared_context", "run"] = "trace"
+    kind: Literal["trace", "poisson", "gamma", "fixed", "shared_context", "run", "log"] = "trace"
     run: str | None = None  # kind = "run": a real run's directory (narwhal/sim/validation/runlog)
+    log: str | None = None  # kind = "log": narwhal serve's JSON request log (narwhal replay)
     trace: str = "azure2023_conv"  # a bundled trace name or a file path
     rate: float = Field(5.0, gt=0)  # poisson/gamma: requests per second
     cv: float = Field(2.0, gt=0)  # gamma: coefficient of variation of inter-arrival times
@@ -139,9 +144,22 @@ class WorkloadSettings(BaseModel):
             if self.prompt is not None or self.output is not None:
                 raise ValueError("kind = \"fixed\" takes 'prompt_tokens' and 'output_tokens'")
             return self
+        if self.kind == "log":
+            if self.log is None:
+                raise ValueError("kind = \"log\" needs 'log' (narwhal serve's request log)")
+            if self.prompt is not None or self.output is not None:
+                raise ValueError('kind = "log" takes its lengths from the log')
+            unused = sorted(_NOT_FOR_LOG & self.model_fields_set)
+            if unused:
+                raise ValueError(
+                    f'{", ".join(unused)}: not used by kind = "log" (it replays the log\'s own '
+                    "arrival times)"
+                )
+        elif self.log is not None:
+            raise ValueError("'log' is only for kind = \"log\"")
         if self.kind == "run":
             if self.run is None:
-                raise ValueError("kind = \"run\" needs 'run' (a run directory)")
+                raise ValueError('kind = "run" needs \'run\' (a run directory)')
             if self.prompt is not None or self.output is not None:
                 raise ValueError('kind = "run" takes its lengths from the run')
         elif self.run is not None:
@@ -157,8 +175,8 @@ class WorkloadSettings(BaseModel):
             return self  # its stages bound it
         if self.shared_context is not None:
             raise ValueError('[workload.shared_context] needs kind = "shared_context"')
-        if self.kind == "run":
-            return self  # the run bounds it
+        if self.kind in ("run", "log"):
+            return self  # the run (the log) bounds it
         if self.duration_s is None and self.max_requests is None:
             raise ValueError("give 'duration_s' or 'max_requests' (or both)")
         if (self.prompt is None) != (self.output is None):
@@ -250,6 +268,14 @@ def _run(w: WorkloadSettings) -> Iterator[Arrival]:
         yield Arrival(request.arrival_s, request.prompt, request.output, request.segments)
 
 
+def _log(w: WorkloadSettings) -> Iterator[Arrival]:
+    """A router's request log replayed (narwhal.sim.request_log)."""
+    from narwhal.sim.request_log import log_arrivals, read_request_log
+
+    for t, prompt, output, prefix in log_arrivals(read_request_log(w.log or "")):
+        yield Arrival(t, prompt, output, prefix)
+
+
 def arrivals(w: WorkloadSettings, rng: random.Random) -> Iterator[Arrival]:
     """The workload's arrivals in time order, made one at a time (a run of millions of requests
     never holds them all); empty when the workload has none."""
@@ -262,6 +288,8 @@ def arrivals(w: WorkloadSettings, rng: random.Random) -> Iterator[Arrival]:
         source = _shared_context(w, rng)
     elif w.kind == "run":
         source = _run(w)
+    elif w.kind == "log":
+        source = _log(w)
     else:
         source = _synthetic(w, rng)
     for count, arrival in enumerate(source):

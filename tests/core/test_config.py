@@ -247,8 +247,9 @@ def test_bad_routing_names_key_and_reason(routing: dict, key: str, reason: str) 
             {"recovery": {"eject_afte": 2}, "engines": [{"url": "http://a", "role": "both"}]},
             "recovery.eject_afte: unknown key (check the spelling against the configuration "
             "reference); valid keys: eject_after, failure_quarantine_s, max_attempts, "
-            "max_ejection_percent, panic_threshold_percent, probe_backoff_cap, "
-            "probe_decode_tokens, probe_interval_s, retry_budget_min, retry_budget_ratio",
+            "max_ejection_percent, max_resumes, panic_threshold_percent, probe_backoff_cap, "
+            "probe_decode_tokens, probe_interval_s, resume_max_seq_len, resume_streams, "
+            "retry_budget_min, retry_budget_ratio",
         ),
         (  # an array of tables: the element's keys
             {"engines": [{"url": "http://a", "role": "both", "colour": "red"}]},

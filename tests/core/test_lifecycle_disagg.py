@@ -85,6 +85,7 @@ def test_a_short_prompt_is_prefilled_by_its_consumer_with_no_transfer_parameters
         "remote": 0,
         "short_prompt": 1,
         "no_producer": 0,
+        "producer_failed": 0,
     }
     assert policies.placement.in_flight() == 0 and transport.released == []
 

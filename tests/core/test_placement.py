@@ -15,7 +15,7 @@ from narwhal.core.placement import Placement
 from narwhal.core.records import DecisionLog
 from narwhal.core.requests import COMPLETIONS, ClientRequest
 from narwhal.core.routing.load import EngineLoad
-from narwhal.core.routing.prefix import PrefixAffinity
+from narwhal.core.routing.prefix import PrefixAffinity, block_hashes, rendered_prompt
 
 ROLES = {
     "http://p0": Role.PREFILL,
@@ -199,7 +199,12 @@ def routed(
         log,
     )
     routing = RoutingSettings(prefill=name, decode=name)  # type: ignore[arg-type]
-    return Placement(ROLES, b, random.Random(seed), log, routing), b, log
+    return Placement(ROLES, b, random.Random(seed), log, routing, block_chain=chain), b, log
+
+
+def chain(request: ClientRequest) -> list[bytes]:
+    """kv_aware's block identity here: the router's own hashes of the rendered prompt."""
+    return block_hashes(rendered_prompt(request), 16, 1024)
 
 
 def test_the_default_policy_is_least_reserved_for_both_phases() -> None:

@@ -44,6 +44,7 @@ def test_every_configured_name_builds_the_policy_of_that_name() -> None:
         "power_of_two",
         "least_loaded",
         "prefix_affinity",
+        "kv_aware",
     }
     for name in names:
         policy = build_policy(
@@ -54,6 +55,7 @@ def test_every_configured_name_builds_the_policy_of_that_name() -> None:
             rng=random.Random(0),
             reports=LoadReports(URLS),
             settings=RoutingSettings(),
+            block_chain=lambda request: None,  # (kv_aware needs the engines' block identity)
         )
         assert isinstance(policy, RoutingPolicy) and policy.name == name
         assert policy.phase == "decode"

@@ -111,7 +111,12 @@ def test_status_health_models_metrics(
         assert engine["state"] == "ready"
         assert engine["reservations"] == {"prefill": 0, "decode": 0}
         assert engine["load"] is None and engine["load_problem"] is None  # nothing scraped
-    assert status["prefills"] == {"remote": 0, "short_prompt": 0, "no_producer": 0}
+    assert status["prefills"] == {
+        "remote": 0,
+        "short_prompt": 0,
+        "no_producer": 0,
+        "producer_failed": 0,
+    }
     assert HTTP.get(handle.url + "/health").json()["status"] == "ok"
     models = HTTP.get(handle.url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny-llama"]

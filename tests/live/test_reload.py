@@ -218,7 +218,13 @@ def test_narwhal_serve_reloads_on_sighup(tmp_path: Path, emulator: Callable[...,
         out, err = proc.communicate(timeout=30)
     applied = f"reload of {path}: applied: joining {second.url}; removed (it held nothing) "
     assert applied + first.url in err, err
-    assert [json.loads(line)["event"] for line in out.splitlines()] == ["request"]
+    events = [json.loads(line) for line in out.splitlines()]
+    # a router line at start and after the reload (the fleet in force: for a replay)
+    assert [e["event"] for e in events] == ["router", "router", "request"]
+    assert [[engine["url"] for engine in e["engines"]] for e in events[:2]] == [
+        [producer.url, first.url],
+        [producer.url, second.url],
+    ]
 
 
 def test_a_touched_file_with_the_same_content_is_not_reloaded(tmp_path: Path) -> None:

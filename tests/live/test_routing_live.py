@@ -162,7 +162,12 @@ def test_a_short_prompt_is_prefilled_by_the_consumer_and_the_producer_gets_nothi
     assert producer.state()["requests"] == 0
     counts = consumer.state()
     assert counts["local_tokens"] > 0 and counts["external_kv_tokens"] == 0
-    assert handle.status()["prefills"] == {"remote": 0, "short_prompt": 1, "no_producer": 0}
+    assert handle.status()["prefills"] == {
+        "remote": 0,
+        "short_prompt": 1,
+        "no_producer": 0,
+        "producer_failed": 0,
+    }
 
     assert ask(handle, LONG) == expected(LONG)  # at or over the minimum: prefilled remotely
     assert producer.state()["prefills"] == 1
@@ -198,3 +203,43 @@ def test_with_no_placeable_producer_the_consumer_prefills_or_the_router_answers_
         assert caught.value.status_code == 503
         assert caught.value.response.headers["retry-after"]
         assert consumer.state()["requests"] == 0
+
+
+@pytest.mark.parametrize("fallback", ["local", "none"])
+def test_when_every_producer_fails_the_consumer_prefills_and_the_client_gets_its_answer(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle], fallback: str
+) -> None:
+    failing, refusing, consumer = emulator("prefill"), emulator("prefill"), emulator("decode")
+    handle = router(
+        [
+            {"url": failing.url, "role": "prefill"},
+            {"url": refusing.url, "role": "prefill"},
+            {"url": consumer.url, "role": "decode"},
+        ],
+        recovery={"max_attempts": 2, "eject_after": 5, "probe_interval_s": 60.0},
+        routing={"prefill_fallback": fallback},
+    )
+    failing.faults({"kind": "http_5xx", "code": 500})
+    refusing.faults({"kind": "http_5xx", "code": 503})
+    if fallback == "none":
+        with pytest.raises(openai.APIStatusError) as caught:
+            ask(handle, LONG, max_tokens=8)
+        assert caught.value.status_code == 502
+        assert consumer.state()["requests"] == 0
+        assert handle.status()["prefills"]["producer_failed"] == 0
+        return
+    assert ask(handle, LONG, max_tokens=8) == expected(LONG, 8)  # the whole answer
+    assert failing.state()["requests"] == 1 and refusing.state()["requests"] == 1
+    counts = consumer.state()
+    assert counts["local_tokens"] > 0 and counts["external_kv_tokens"] == 0  # no handoff
+    for producer in (failing, refusing):  # each producer charged for its own failure
+        assert handle.engine(producer.url)["failure_streak"] == 1
+    assert handle.engine(consumer.url)["failure_streak"] == 0
+    assert handle.status()["prefills"]["producer_failed"] == 1
+    assert metric_value(handle.metrics(), "narwhal_prefills_total", route="producer_failed") == 1
+    (request,) = handle.logged_requests()
+    assert request["prefill_fallback"] is True and request["attempts"] == 3
+    assert request["engines"][-1] == consumer.url and request["status"] == 200
+    (line,) = [line for line in handle.logged() if line["event"] == "prefill_fallback"]
+    assert line["engine"] == consumer.url and line["reason"] == "producer_failed"
+    assert line["request"] == request["request_id"]

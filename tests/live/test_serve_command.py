@@ -54,7 +54,14 @@ def test_stdout_holds_only_json_lines_and_people_read_stderr(
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     lines = [json.loads(line) for line in out.splitlines()]  # every stdout line is JSON
-    assert [line["event"] for line in lines] == ["request", "request"]
+    assert [line["event"] for line in lines] == ["router", "request", "request"]
+    # the router line: the fleet and settings a replay starts from (narwhal replay)
+    assert [e["url"] for e in lines[0]["engines"]] == [producer.url, consumer.url]
+    assert lines[0]["recovery"]["eject_after"] == 3
+    # what a replay needs of each prompt, never its text
+    assert {(r["prompt_bytes"], r["max_tokens"], tuple(r["prefix"])) for r in lines[1:]} == {
+        (2, 2, ())
+    }
     assert f"listening on http://127.0.0.1:{port}" in err and producer.url in err
     assert f"(api key off, {EXPECTED_BUILD} build)" in err  # which build serves
 
@@ -116,3 +123,21 @@ def test_a_fleet_on_the_command_line_is_checked_as_a_file_is(tmp_path: Path) -> 
     config.write_text("")
     both = run_cli("serve", "--config", str(config), "--decode", "http://127.0.0.1:8200")
     assert both.returncode == 2 and "(got both)" in both.stderr
+
+
+def test_kv_aware_is_refused_at_start_with_the_key_and_the_reason(tmp_path: Path) -> None:
+    config = tmp_path / "narwhal.toml"
+    config.write_text(tomli_w.dumps({
+        "routing": {"decode": "kv_aware"},
+        "engines": [
+            {"url": "http://127.0.0.1:9", "role": "prefill"},
+            {"url": "http://127.0.0.1:10", "role": "decode"},
+        ],
+    }))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "narwhal.cli", "serve", "--config", str(config), "--port", "0"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert "routing.decode = 'kv_aware' needs the engines' block identity" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from narwhal.cli import main
-from narwhal.sim.profiles import source, store
+from narwhal.sim.profiles import importer, source, store
 from narwhal.sim.profiles.opstep import capture_sizes
 from narwhal.sim.profiles.tables import AttentionGrid, Curve
 
@@ -93,14 +94,14 @@ def test_same_input_gives_the_same_profile_bytes(tmp_path):
     profile_dir = write_profile(tmp_path)
     a, b = tmp_path / "a.json.gz", tmp_path / "b.json.gz"
     for path in (a, b):
-        store.write(store.from_source(source.read_profile(profile_dir), "x"), path)
+        store.write(store.from_source(importer.read_any(profile_dir), "x"), path)
     assert a.read_bytes() == b.read_bytes()
     assert json.loads(gzip.decompress(a.read_bytes()))["format"] == store.FORMAT
 
 
 def test_a_moe_profile_is_refused(tmp_path):
     with pytest.raises(source.ProfileError, match=r"moe\.csv"):
-        source.read_profile(write_profile(tmp_path, moe=True))
+        importer.read_any(write_profile(tmp_path, moe=True))
 
 
 def test_missing_pieces_are_named(tmp_path, capsys):
@@ -112,7 +113,7 @@ def test_missing_pieces_are_named(tmp_path, capsys):
         source.read_profile(tmp_path)
     (tmp_path / "configs" / "model" / "org" / "toy.json").unlink()
     with pytest.raises(source.ProfileError, match=r"no model config for org/toy"):
-        source.read_profile(profile_dir)
+        importer.read_any(profile_dir)
 
 
 def test_curve_interpolates_extrapolates_and_clamps():
@@ -142,8 +143,11 @@ def test_bundled_profiles_carry_provenance_and_licence():
     for gpu, model in catalog:
         profile = store.bundled(gpu, model)
         assert "LLMServingSim" in profile["provenance"]["licence"]
-        assert profile["provenance"]["vllm_version"]
-    with pytest.raises(source.ProfileError, match="bundled: RTX4090"):
+        # what measured it: a vLLM version, or the profiler named (LLMServingSim's older one)
+        assert profile["provenance"]["vllm_version"] or profile["provenance"]["profiler"]
+    with pytest.raises(
+        source.ProfileError, match=r"bundled: H100 meta-llama/Llama-3\.1-70B, RTX4090"
+    ):
         store.bundled("RTX4090", "org/unknown")
 
 
@@ -164,19 +168,71 @@ def test_a_scenario_runs_on_an_imported_profile_of_another_gpu(tmp_path):
         parse_scenario({"fleet": {**fleet, "model": "org/other"}, "workload": workload})
 
 
-def test_skewed_batches_pay_the_profiles_measured_share_toward_the_longest_context(tmp_path):
+def test_skewed_batches_pay_their_regimes_measured_share_toward_the_longest_context(tmp_path):
     profile_dir = write_profile(tmp_path)
-    # skewed batches measured 10% of the way from mean-context to longest-context time
-    rows = ["t_mean_us,t_max_us,t_skew_us"] + [
-        f"{m},{m + g},{m + g / 10}" for m, g in ((100, 50), (200, 80), (50, 10))
+    # skewed batches measured 10% of the way from mean-context to longest-context time when
+    # the decodes run alone (pc 0), 40% beside a prefill chunk; more rows of the second kind
+    rows = ["pc,t_mean_us,t_max_us,t_skew_us"] + [
+        f"{pc},{m},{m + g},{m + g * share}"
+        for pc, share in ((0, 0.1), (16, 0.4), (32, 0.4))
+        for m, g in ((100, 50), (200, 80), (50, 10))
     ]
     (profile_dir / "tp1" / "skew.csv").write_text("\n".join(rows) + "\n")
-    profile = store.from_source(source.read_profile(profile_dir), "x")
-    assert profile["tp"]["1"]["skew_alpha"] == pytest.approx(0.1)
+    profile = store.from_source(importer.read_any(profile_dir), "x")
+    assert profile["tp"]["1"]["skew_alpha"] == pytest.approx({"decode": 0.1, "mixed": 0.4})
     timing = store.timing(profile, 1, ())
     even = timing.batch_s(4, 0, 4 * 32, 0.0)
     skewed = timing.batch_s(4, 0, 4 * 32, 0.0, 0, 64)  # mean 32, longest 64
     gap_us = _attn_us(0, 0, 4, 64) - _attn_us(0, 0, 4, 32)
     assert skewed - even == pytest.approx(2 * 0.1 * gap_us / 1e6)  # two layers
-    without = store.from_source(source.read_profile(write_profile(tmp_path / "b")), "x")
-    assert without["tp"]["1"]["skew_alpha"] == 0.0  # not measured: no correction
+    pairs = 16 * 8  # one fresh 16-token chunk
+    even = timing.batch_s(4, 16, 4 * 32, pairs, 1)
+    skewed = timing.batch_s(4, 16, 4 * 32, pairs, 1, 64)
+    gap_us = _attn_us(16, 0, 4, 64) - _attn_us(16, 0, 4, 32)
+    assert skewed - even == pytest.approx(2 * 0.4 * gap_us / 1e6)
+    without = store.from_source(importer.read_any(write_profile(tmp_path / "b")), "x")
+    assert without["tp"]["1"]["skew_alpha"] == {"decode": 0.0, "mixed": 0.0}  # not measured
+
+
+V0 = (
+    Path(__file__).parent.parent / "data" / "profiles_v0" / "perf_models" / "TOYGPU" / "org" / "toy"
+)
+
+
+def test_the_older_per_layer_layout_imports_to_the_same_step_model(tmp_path, capsys):
+    """tests/data/profiles_v0: tp1 complete, tp2 without attention tables (left out, said so);
+    attention is prefill + decode from their two tables; the sampler was not measured."""
+    out = tmp_path / "toy.json.gz"
+    assert main(["profile", "import", str(V0), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "org/toy on TOYGPU: tp 1" in printed
+    assert "left out: tp2/ lacks predictions/attn_prefill_predictions.csv" in printed
+    assert "sampler: not measured" in printed
+    profile = store.read(out)
+    assert profile["config"]["layers"] == 2  # from model_config/org/toy.json (ISPASS'26 place)
+    assert "PyTorch profiler hooks" in profile["provenance"]["profiler"]
+    chunks = {row[0] for row in profile["tp"]["1"]["attention"] if row[0] > 0}
+    assert chunks == {32, 64, 128, 160}  # 96 equals both neighbours: dropped, nothing changes
+    timing = store.timing(profile, 1, ())
+    # 3 decodes (mean context 100) and an 80-token chunk after 64 cached tokens: 83 tokens;
+    # per layer 6 ops at 2000 + 100 T ns, once per step embedding 1000 + 100 T and final norm
+    # 2000 + 100 T, attention prefill 5000 + 640 + 2 x 64 plus decode 3000 + 50 x 3 + 100,
+    # LM head 50000 + 100 x 4 rows
+    expected_ns = 2 * 6 * 10_300 + 9_300 + 10_300 + 2 * (5_768 + 3_250) + 50_400
+    got = timing.batch_s(3, 80, 300, 80 * (64 + 40), prefill_seqs=1)
+    assert got == pytest.approx(expected_ns / 1e9)
+    assert timing.attention.at(96, 64, 0, 0) == pytest.approx(5_768 / 1e9)
+
+
+def test_an_older_layout_that_cannot_time_attention_is_refused_naming_the_files(tmp_path):
+    broken = tmp_path / "perf_models" / "TOYGPU" / "org" / "toy"
+    shutil.copytree(V0, broken)
+    (broken / "tp1" / "predictions" / "attn_decode_predictions.csv").unlink()
+    with pytest.raises(
+        source.ProfileError,
+        match=r"no tensor-parallel degree is complete: tp1/ lacks predictions/attn_decode_"
+        r"predictions\.csv; tp2/ lacks",
+    ):
+        importer.read_any(broken)
+    with pytest.raises(source.ProfileError, match=r"neither a profile directory \(no meta\.yaml"):
+        importer.read_any(tmp_path)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 
 from narwhal.core.config import RoutingSettings
+from narwhal.core.routing.kv_aware import BlockChain, KvAware
+from narwhal.core.routing.kv_index import KvIndex
 from narwhal.core.routing.load import LeastLoaded, LoadReports
 from narwhal.core.routing.policy import (
     Counts,
@@ -31,6 +33,8 @@ def build_policy(
     rng: random.Random,
     reports: LoadReports,
     settings: RoutingSettings,
+    kv_index: KvIndex | None = None,
+    block_chain: BlockChain | None = None,
 ) -> RoutingPolicy:
     """The policy called ``name`` placing ``phase`` over the engines ``serving`` it."""
     if name == "least_reserved":
@@ -45,4 +49,7 @@ def build_policy(
         return LeastLoaded(phase, counts, rng, reports, settings.least_loaded)
     if name == "prefix_affinity":
         return PrefixAffinity(phase, counts, rng, serving, settings.prefix_affinity)
+    if name == "kv_aware":
+        index = kv_index if kv_index is not None else KvIndex()
+        return KvAware(phase, counts, rng, index, block_chain, settings.kv_aware)
     raise ValueError(f"unknown routing policy {name!r}")

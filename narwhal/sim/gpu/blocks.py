@@ -42,7 +42,7 @@ class BlockManager:
         watermark: float = 0.0,
     ) -> None:
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, block_size)
         # free blocks an admission leaves while anything runs (vLLM: int(watermark * blocks))
         self.watermark = int(watermark * num_blocks)
         self.on_free = on_free  # called after blocks came back

@@ -35,6 +35,7 @@ import simpy
 
 from narwhal.core.ports import CallResult, ConnectFailed, OpenResult, Reply, StreamOpened
 from narwhal.core.wire import error_body
+from narwhal.engines.block_pool import BlockPool
 from narwhal.sim.gpu import wire
 from narwhal.sim.gpu.blocks import BlockManager
 from narwhal.sim.gpu.handoffs import Handoffs, Registry
@@ -85,6 +86,7 @@ class SimEngine:
         # the step in flight (one at a time): its number, prefill chunks, duration, scheduler
         self._step: tuple[int, Chunks, float, Scheduler | None] = (0, [], 0.0, None)
         self.engine_id = ""
+        self._new_pool: Callable[[BlockPool], None] | None = None  # KV events (kvevents.py)
         self._start_process()
 
     def _start_process(self) -> None:
@@ -94,6 +96,8 @@ class SimEngine:
         self.engine_id = str(uuid.UUID(int=self.rng.getrandbits(128)))  # a UUID, as vLLM's
         params = self.params
         blocks = BlockManager(params.num_blocks, params.block_size, self._blocks_freed)
+        if self._new_pool is not None:
+            self._new_pool(blocks.pool)
         self.handoffs = Handoffs(
             self.engine_id,
             self.url,
@@ -221,6 +225,7 @@ class SimEngine:
             return StreamOpened(None, seq.status, seq.body)
         seq.chat = path == "/v1/chat/completions"
         seq.head = wire.chunk_writer(seq.rid, body.get("model", self.params.model), seq.chat)
+        seq.ids = body.get("return_token_ids") is True
         stream = SimStream(self)
         stream.seq = seq
         seq.stream = stream
@@ -267,6 +272,11 @@ class SimEngine:
             self.abort(stream.seq)
         if stream.ended is None:
             stream.ended = EOF
+
+    def on_new_pool(self, attach: Callable[[BlockPool], None]) -> None:
+        """Call ``attach`` with this engine's block pool now and with each new process's."""
+        self._new_pool = attach
+        attach(self.scheduler.blocks.pool)
 
     def release_handoff(self, descriptor: dict[str, Any]) -> None:
         self.handoffs.release(descriptor)

@@ -49,8 +49,9 @@ class StreamWriter:
                 data = seq.chunk
             else:
                 assert seq.head is not None  # a decode leg's stream has its writer
-                data = token_chunk(seq.head, n, final)
-                if not final:
+                prompt = seq.prompt if first and seq.ids else None  # return_token_ids' first
+                data = token_chunk(seq.head, n, final, seq.ids, prompt)
+                if not final and prompt is None:
                     seq.chunk_tokens, seq.chunk = n, data
             stream.buffer.append((now, data))
         if final:
@@ -72,10 +73,10 @@ class StreamWriter:
             self.emit(seq, final=False, now=now)
             seq.gen = generated
             seq.fault = (kind, after)
+        self.totals.deliver(seq.rid, seq.emitted)  # what went out before the fault
         if kind == "stall":  # the stream stays open and says nothing more
             return kind
         if kind == "early_done":
-            self.totals.deliver(seq.rid, seq.emitted)
             stream.buffer.append((now, DONE))
             stream.ended = EOF
         elif kind == "inband_error":

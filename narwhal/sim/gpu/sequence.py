@@ -117,6 +117,7 @@ class Seq:
         "gen",
         "head",
         "id",
+        "ids",
         "j",
         "keys",
         "need",
@@ -162,3 +163,4 @@ class Seq:
         self.head: ChunkWriter | None = None  # decode leg: the writer of its stream's chunks
         self.chunk = b""  # the bytes of the last non-final chunk, for ``chunk_tokens`` tokens
         self.chunk_tokens = 0
+        self.ids = False  # decode leg: the request asked for return_token_ids

@@ -29,8 +29,9 @@ class EngineTotals:
         # and those found in the prefix cache
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
-        # tokens each stream sent before a clean [DONE], by request id (X-Request-Id): what
-        # the client got, which an early [DONE] makes fewer than max_tokens
+        # tokens each stream sent before its [DONE] or its fault, by request id (X-Request-Id):
+        # what the client got, which an early [DONE] makes fewer than max_tokens (a resumed
+        # stream's client got the sum over its legs)
         self.delivered: dict[str, int] = {}
         # when set, deliveries go here instead of into ``delivered`` (a streaming run keeps
         # them only while their request is running: narwhal.sim.streaming)

@@ -21,6 +21,8 @@ from narwhal.core import wire
 CREATED = 1_700_000_000  # the "created" field of engine responses (fixed: runs replay exactly)
 ENGINE_VERSION = "0.32.0"
 ERROR_500 = wire.error_event(500, "Internal server error")  # inside a 200 stream
+BOS_ID = 1  # the tiny model's (and the emulator's) layout: specials first, then one per character
+FILLER_ID = 6 + ord("x")  # the id of the filler token
 
 
 def prompt_tokens(body: dict[str, Any]) -> int | None:
@@ -42,10 +44,18 @@ def chunk_writer(rid: str, model: str, chat: bool) -> wire.ChunkWriter:
     return wire.ChunkWriter(wire.completion_id(rid, chat), model, CREATED, chat=chat)
 
 
-def token_chunk(writer: wire.ChunkWriter, n: int, final: bool) -> bytes:
+def token_chunk(
+    writer: wire.ChunkWriter, n: int, final: bool, ids: bool = False, prompt: int | None = None
+) -> bytes:
     """A streamed chunk of ``n`` tokens of filler text, the last of its stream if ``final`` (the
-    simulator generates ``max_tokens``, so a stream ends for ``length``)."""
-    return writer.token_chunk("x" * n, "length" if final else None)
+    simulator generates ``max_tokens``, so a stream ends for ``length``). ``ids``: the request
+    asked for ``return_token_ids``: the chunk carries the filler's ids and, given the prompt's
+    token count ``prompt`` (the stream's first chunk), ids standing for the prompt's."""
+    finish = "length" if final else None
+    if not ids:
+        return writer.token_chunk("x" * n, finish)
+    prompt_ids = None if prompt is None else [BOS_ID] + [FILLER_ID] * (prompt - 1)
+    return writer.token_chunk("x" * n, finish, [FILLER_ID] * n, prompt_ids)
 
 
 def prefill_reply(

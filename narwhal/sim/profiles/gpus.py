@@ -30,6 +30,16 @@ GPUS = {
         # NVLink 4: 450 GB/s each way; NCCL reaches about 80% as bus bandwidth
         Gpu("H200", "NVIDIA H200", 141_000_000_000, "nameplate (141 GB HBM3e)", 360.0, 8.0),
         Gpu(
+            "H100",
+            "NVIDIA H100 80GB HBM3",
+            round(79.11 * GIB),
+            "79.11 GiB, the total capacity torch reports for an H100 80GB HBM3 (SXM) in a "
+            "public vLLM out-of-memory log (vllm-project/vllm#27508)",
+            # NVLink 4, as the H200
+            360.0,
+            8.0,
+        ),
+        Gpu(
             "RTX4090",
             "NVIDIA GeForce RTX 4090",
             25_250_627_584,

@@ -10,10 +10,13 @@ largest capture size runs padded to the next capture size, so its token-wise ope
 what the padded batch costs; attention is priced at the real sequences (a padded slot holds no
 KV, so it adds no attention work). Decodes of unequal contexts cost more attention than as many of
 their mean context (the varlen kernel's tiles and SM imbalance): the profile measures how much,
-as the share ``alpha`` of the way from the mean-context time to the longest-context time
-(:func:`pooled_skew_alpha`), and a step adds that share. Nothing here is fitted to a run: every
-number is the profile's, the capture sizes are vLLM's rule for the engine's settings
-(:func:`capture_sizes`).
+as the share ``alpha`` of the way from the mean-context time to the longest-context time, in two
+regimes that differ severalfold: decodes alone, and decodes beside a prefill chunk (LLMServingSim's
+``pure`` and ``mixed`` rows). Each regime's alpha is pooled over its own rows
+(:func:`skew_alphas`), and a step adds the share of its own regime: a pooled value over both
+would be the mixed rows' (they are nearly all of the sweep) and overprice decode-only steps,
+which are most steps. Nothing here is fitted to a run: every number is the profile's, the
+capture sizes are vLLM's rule for the engine's settings (:func:`capture_sizes`).
 
 Theory of operation: the token-wise operators are summed once into two curves (per layer, per
 step), so a step costs two curve lookups, one attention lookup and two head lookups. Several
@@ -27,7 +30,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from narwhal.sim.profiles.tables import AttentionGrid, Curve
+from narwhal.sim.profiles.tables import AdditiveAttention, AttentionGrid, Curve
 
 # operators a step runs once, not once per layer (vLLM's model runner: embedding, final norm)
 ONCE_PER_STEP = frozenset({"embedding", "final_layernorm"})
@@ -45,13 +48,33 @@ def capture_sizes(max_num_seqs: int, max_size: int | None = None) -> tuple[int, 
 
 
 def pooled_skew_alpha(rows: list[tuple[float, float, float]]) -> float:
-    """The one ``alpha`` that best explains a profile's skewed batches, from (mean-context
+    """The one ``alpha`` that best explains a set of skewed batches, from (mean-context
     time, longest-context time, measured skewed time) each: least squares of ``skewed - mean =
-    alpha x (longest - mean)`` through the origin (LLMServingSim's pooled value: 0.0543 for
-    Llama-3.1-8B on the RTX PRO 6000, as its meta.yaml states)."""
+    alpha x (longest - mean)`` through the origin (over all of a profile's rows this is
+    LLMServingSim's pooled value: 0.0543 for Llama-3.1-8B on the RTX PRO 6000, as its meta.yaml
+    states)."""
     num = sum((skewed - t_mean) * (t_max - t_mean) for t_mean, t_max, skewed in rows)
     den = sum((t_max - t_mean) ** 2 for t_mean, t_max, _ in rows)
     return num / den if den > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class SkewAlpha:
+    """The skew share of each regime: a decode-only step's, and a step with a prefill chunk's
+    (0: the profile measured no skew there)."""
+
+    decode: float = 0.0
+    mixed: float = 0.0
+
+
+def skew_alphas(rows: list[tuple[float, float, float, float]]) -> SkewAlpha:
+    """Each regime's pooled alpha from a profile's skewed batches, (prefill chunk tokens,
+    mean-context time, longest-context time, measured skewed time) each: chunk 0 is a
+    decode-only batch."""
+    return SkewAlpha(
+        decode=pooled_skew_alpha([(m, x, s) for chunk, m, x, s in rows if chunk == 0]),
+        mixed=pooled_skew_alpha([(m, x, s) for chunk, m, x, s in rows if chunk > 0]),
+    )
 
 
 @dataclass(frozen=True)
@@ -65,10 +88,10 @@ class LayerOps:
 
 
 def fold_ops(dense: dict[str, Curve], per_sequence: dict[str, Curve]) -> LayerOps:
-    """Sum the token-wise operators onto the union of their measured sizes."""
-    for name in ("lm_head", "sampler"):
-        if name not in per_sequence:
-            raise ValueError(f"the profile has no {name!r} in per_sequence")
+    """Sum the token-wise operators onto the union of their measured sizes (a profile that did
+    not measure the sampler, as LLMServingSim's older layout, gets none: its import says so)."""
+    if "lm_head" not in per_sequence:
+        raise ValueError("the profile has no 'lm_head' in per_sequence")
     sizes = sorted({s for curve in dense.values() for s in curve.sizes})
     layer_points = []
     step_points = []
@@ -86,7 +109,7 @@ def fold_ops(dense: dict[str, Curve], per_sequence: dict[str, Curve]) -> LayerOp
         per_layer=Curve(layer_points),
         per_step=Curve(step_points),
         lm_head=per_sequence["lm_head"],
-        sampler=per_sequence["sampler"],
+        sampler=per_sequence.get("sampler", Curve([(1.0, 0.0)])),
     )
 
 
@@ -96,14 +119,14 @@ class OperatorStepTiming:
     def __init__(
         self,
         ops: LayerOps,
-        attention: AttentionGrid,
+        attention: AttentionGrid | AdditiveAttention,
         layers: int,
         kv_bytes_per_token: int,
         graph_sizes: tuple[int, ...] = (),
-        skew_alpha: float = 0.0,
+        skew: SkewAlpha = SkewAlpha(),
     ) -> None:
         self.ops = ops
-        self.skew_alpha = skew_alpha  # 0: the profile measured no skew
+        self.skew = skew
         self.attention = attention
         self.layers = layers
         self._kv_bytes_per_token = kv_bytes_per_token
@@ -116,7 +139,7 @@ class OperatorStepTiming:
 
     @property
     def reads_longest_context(self) -> bool:
-        return self.skew_alpha > 0
+        return self.skew.decode > 0 or self.skew.mixed > 0
 
     def padded(self, tokens: int) -> int:
         """The batch size a CUDA graph runs ``tokens`` at (``tokens`` itself when eager)."""
@@ -146,10 +169,11 @@ class OperatorStepTiming:
             cached = 0.0
         attention = self.attention
         per_layer = attention.at(prefill_tokens, cached, decodes, mean_ctx)
-        if self.skew_alpha and longest_context > mean_ctx:
+        alpha = self.skew.mixed if prefill_tokens else self.skew.decode
+        if alpha and longest_context > mean_ctx:
             longest = attention.at(prefill_tokens, cached, decodes, longest_context)
             if longest > per_layer:
-                per_layer += self.skew_alpha * (longest - per_layer)
+                per_layer += alpha * (longest - per_layer)
         seconds += self.layers * per_layer
         rows = decodes + prefill_seqs
         return seconds + ops.lm_head.at(rows) + ops.sampler.at(rows)

@@ -8,7 +8,8 @@ kv_prefill, n_decode, kv_decode, time_us) and ``tp<N>/per_sequence.csv`` (layer,
 time_us). A profile with ``moe.csv`` is a mixture-of-experts model, which the dense step model
 does not cover: refused. The model's shape comes from its Hugging Face ``config.json``: given,
 else ``config.json`` in the profile directory, else ``configs/model/<org>/<model>.json`` of the
-LLMServingSim checkout the profile sits in.
+LLMServingSim checkout the profile sits in. The older layout (``perf_models/<GPU>/<org>/<model>/``)
+is :mod:`.source_v0`'s; :mod:`.importer` picks the reader by what the directory holds.
 """
 
 from __future__ import annotations
@@ -95,7 +96,11 @@ class RawTables:
     dense: dict[str, list[tuple[float, float]]]
     per_sequence: dict[str, list[tuple[float, float]]]
     attention: list[tuple[float, float, float, float, float]]
-    skew: list[tuple[float, float, float]]  # skew.csv: (mean-context, longest, skewed) times
+    # skew.csv: (prefill chunk tokens, mean-context time, longest-context time, skewed time)
+    skew: list[tuple[float, float, float, float]]
+    # "grid": one table over mixed steps; "additive": prefill rows (chunk, cached, 0, 0) and
+    # decode rows (0, 0, decodes, context) measured apart, a step paying both (the older layout)
+    attention_form: str = "grid"
 
 
 @dataclass(frozen=True)
@@ -107,9 +112,10 @@ class SourceProfile:
     meta: dict[str, Any]
     config: ModelConfig
     tables: dict[int, RawTables]  # by tensor-parallel degree
+    notes: tuple[str, ...] = ()  # what the import left out or took as zero, and why
 
 
-def _rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
+def csv_rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
     if not path.is_file():
         raise ProfileError(f"{path}: missing")
     with path.open(newline="", encoding="utf-8") as handle:
@@ -117,13 +123,13 @@ def _rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
         absent = [c for c in columns if c not in (reader.fieldnames or [])]
         if absent:
             raise ProfileError(f"{path}: no column {', '.join(absent)}")
-        rows = list(reader)
-    if not rows:
+        found = list(reader)
+    if not found:
         raise ProfileError(f"{path}: no rows")
-    return rows
+    return found
 
 
-def _number(row: dict[str, str], key: str, path: Path) -> float:
+def csv_number(row: dict[str, str], key: str, path: Path) -> float:
     try:
         return float(row[key])
     except (TypeError, ValueError):
@@ -132,9 +138,9 @@ def _number(row: dict[str, str], key: str, path: Path) -> float:
 
 def _curves(path: Path, size_column: str) -> dict[str, list[tuple[float, float]]]:
     out: dict[str, list[tuple[float, float]]] = {}
-    for row in _rows(path, ("layer", size_column, "time_us")):
-        size = _number(row, size_column, path)
-        seconds = _number(row, "time_us", path) / 1e6
+    for row in csv_rows(path, ("layer", size_column, "time_us")):
+        size = csv_number(row, size_column, path)
+        seconds = csv_number(row, "time_us", path) / 1e6
         out.setdefault(row["layer"], []).append((size, seconds))
     return out
 
@@ -149,13 +155,13 @@ def read_tables(tp_dir: Path) -> RawTables:
     columns = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")
     attention = [
         (
-            _number(row, "prefill_chunk", attention_path),
-            _number(row, "kv_prefill", attention_path),
-            _number(row, "n_decode", attention_path),
-            _number(row, "kv_decode", attention_path),
-            _number(row, "time_us", attention_path) / 1e6,
+            csv_number(row, "prefill_chunk", attention_path),
+            csv_number(row, "kv_prefill", attention_path),
+            csv_number(row, "n_decode", attention_path),
+            csv_number(row, "kv_decode", attention_path),
+            csv_number(row, "time_us", attention_path) / 1e6,
         )
-        for row in _rows(attention_path, columns)
+        for row in csv_rows(attention_path, columns)
     ]
     return RawTables(
         dense=_curves(tp_dir / "dense.csv", "tokens"),
@@ -165,46 +171,53 @@ def read_tables(tp_dir: Path) -> RawTables:
     )
 
 
-def _skew(path: Path) -> list[tuple[float, float, float]]:
-    """The skewed-batch measurements, where the profile has them (none: no correction)."""
+def _skew(path: Path) -> list[tuple[float, float, float, float]]:
+    """The skewed-batch measurements, where the profile has them (none: no correction); ``pc``
+    is the prefill chunk beside the decodes (0: decodes alone)."""
     if not path.is_file():
         return []
-    columns = ("t_mean_us", "t_max_us", "t_skew_us")
+    columns = ("pc", "t_mean_us", "t_max_us", "t_skew_us")
     return [
         (
-            _number(row, columns[0], path),
-            _number(row, columns[1], path),
-            _number(row, columns[2], path),
+            csv_number(row, columns[0], path),
+            csv_number(row, columns[1], path),
+            csv_number(row, columns[2], path),
+            csv_number(row, columns[3], path),
         )
-        for row in _rows(path, columns)
+        for row in csv_rows(path, columns)
     ]
 
 
-def origin(profile_dir: Path) -> str:
-    """Where a profile came from, as written into it: its path inside the LLMServingSim
-    checkout when it sits in one (``profiler/perf/...``: no local directories), else as given."""
-    parts = profile_dir.resolve().parts
-    if len(parts) >= 6 and parts[-6:-4] == ("profiler", "perf"):
-        return "LLMServingSim " + "/".join(parts[-6:])
-    return str(profile_dir)
+CONFIG_DIRS = (("configs", "model"), ("model_config",))  # LLMServingSim today; its ISPASS'26 tag
 
 
 def find_model_config(profile_dir: Path, model: str) -> Path:
-    """Where the model's ``config.json`` is (see the module docstring), or a ProfileError."""
+    """Where the model's ``config.json`` is: ``config.json`` in the profile directory, else
+    ``configs/model/<org>/<model>.json`` (or ``model_config/...``, as older LLMServingSim
+    checkouts keep it) in the nearest directory above the profile that has one; or a
+    ProfileError naming where it looked."""
     local = profile_dir / "config.json"
     if local.is_file():
         return local
-    candidates = [local]
-    parents = profile_dir.resolve().parents
-    if len(parents) > 5:
-        in_checkout = parents[5] / "configs" / "model" / f"{model}.json"
-        if in_checkout.is_file():
-            return in_checkout
-        candidates.append(in_checkout)
+    for folder in profile_dir.resolve().parents:
+        for parts in CONFIG_DIRS:
+            candidate = folder.joinpath(*parts, f"{model}.json")
+            if candidate.is_file():
+                return candidate
     raise ProfileError(
-        f"no model config for {model}: looked for {', '.join(map(str, candidates))}; "
-        "give one with --model-config"
+        f"no model config for {model}: no {local}, and no configs/model/{model}.json or "
+        f"model_config/{model}.json above {profile_dir}; give one with --model-config"
     )
+
+
+def read_model_config(path: Path) -> ModelConfig:
+    try:
+        hf = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as error:
+        raise ProfileError(f"{path}: {error}") from None
+    if not isinstance(hf, dict):
+        raise ProfileError(f"{path}: not a JSON object")
+    return ModelConfig.from_hf(hf, str(path))
 
 
 def read_profile(profile_dir: Path, model_config: Path | None = None) -> SourceProfile:
@@ -222,10 +235,7 @@ def read_profile(profile_dir: Path, model_config: Path | None = None) -> SourceP
         raise ProfileError(f"{meta_path}: no {', '.join(missing)}")
     model = str(meta["model"])
     config_path = model_config or find_model_config(profile_dir, model)
-    try:
-        hf = json.loads(config_path.read_text("utf-8"))
-    except (OSError, ValueError) as error:
-        raise ProfileError(f"{config_path}: {error}") from None
+    config = read_model_config(config_path)
     tables = {int(tp): read_tables(profile_dir / f"tp{int(tp)}") for tp in meta["tp_degrees"]}
     return SourceProfile(
         gpu=str(meta["hardware"]),
@@ -233,6 +243,6 @@ def read_profile(profile_dir: Path, model_config: Path | None = None) -> SourceP
         model=model,
         dtype=str(meta.get("variant", profile_dir.name)),
         meta=meta,
-        config=ModelConfig.from_hf(hf, str(config_path)),
+        config=config,
         tables=tables,
     )

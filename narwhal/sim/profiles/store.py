@@ -1,8 +1,11 @@
 """Narwhal's profile format: one GPU, one model, its measured operator tables per TP degree.
 
 Rule kept here: a stored profile holds measurements and their provenance, never a fitted
-constant: the token-wise operator curves, the LM head and sampler curves, the attention grid, the
-model's shape and where every number came from (source, licence, vLLM version, when). What the
+constant: the token-wise operator curves, the LM head and sampler curves, the attention table
+(one grid over mixed steps, or prefill and decode apart: ``attention_form = "additive"``; from
+LLMServingSim's older layout it is that project's predictor's table over its measured times, as
+the provenance says), the model's shape and where every number came from (source, licence, vLLM
+version or profiler, when, what the import left out: ``notes``). What the
 step model does with them is :mod:`.opstep`'s. The bundled profiles are files of this format in
 ``narwhal/sim/data/profiles/`` named ``<GPU>__<org>__<model>.json.gz``.
 
@@ -25,13 +28,14 @@ from typing import Any
 
 from narwhal.sim.profiles.opstep import (
     OperatorStepTiming,
+    SkewAlpha,
     fold_ops,
-    pooled_skew_alpha,
+    skew_alphas,
 )
 from narwhal.sim.profiles.source import ModelConfig, ProfileError, SourceProfile
-from narwhal.sim.profiles.tables import AttentionGrid, Curve, leave_one_out
+from narwhal.sim.profiles.tables import AdditiveAttention, AttentionGrid, Curve, leave_one_out
 
-FORMAT = "narwhal-op-profile/1"
+FORMAT = "narwhal-op-profile/2"  # 2: skew_alpha per regime (decode, mixed)
 BUNDLED_DIR = ("data", "profiles")
 
 
@@ -51,8 +55,21 @@ def from_source(source: SourceProfile, origin: str) -> dict[str, Any]:
                 k: [[s, _round(t)] for s, t in v] for k, v in sorted(tables.per_sequence.items())
             },
             "attention": [[c, k, n, x, _round(t)] for c, k, n, x, t in tables.attention],
-            "skew_alpha": round(pooled_skew_alpha(tables.skew), 4),
+            "skew_alpha": _skew_alpha(tables.skew),
         }
+        if tables.attention_form != "grid":
+            tps[str(tp)]["attention_form"] = tables.attention_form
+    provenance: dict[str, Any] = {
+        "source": origin,
+        "licence": "MIT (LLMServingSim, Copyright (c) 2024 CASYS Lab at KAIST)",
+        "vllm_version": str(meta.get("vllm_version", "")),
+        "profiled_at": str(meta.get("profiled_at", "")),
+        "enforce_eager": bool(engine.get("enforce_eager", False)),
+    }
+    if meta.get("profiler"):
+        provenance["profiler"] = str(meta["profiler"])
+    if source.notes:
+        provenance["notes"] = list(source.notes)
     return {
         "format": FORMAT,
         "gpu": source.gpu,
@@ -60,15 +77,14 @@ def from_source(source: SourceProfile, origin: str) -> dict[str, Any]:
         "model": source.model,
         "dtype": source.dtype,
         "config": source.config.as_dict(),
-        "provenance": {
-            "source": origin,
-            "licence": "MIT (LLMServingSim, Copyright (c) 2024 CASYS Lab at KAIST)",
-            "vllm_version": str(meta.get("vllm_version", "")),
-            "profiled_at": str(meta.get("profiled_at", "")),
-            "enforce_eager": bool(engine.get("enforce_eager", False)),
-        },
+        "provenance": provenance,
         "tp": tps,
     }
+
+
+def _skew_alpha(rows: list[tuple[float, float, float, float]]) -> dict[str, float]:
+    alphas = skew_alphas(rows)
+    return {"decode": round(alphas.decode, 4), "mixed": round(alphas.mixed, 4)}
 
 
 def write(profile: dict[str, Any], path: Path) -> None:
@@ -86,7 +102,10 @@ def read(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as error:
         raise ProfileError(f"{path}: {error}") from None
     if not isinstance(profile, dict) or profile.get("format") != FORMAT:
-        raise ProfileError(f"{path}: not a Narwhal profile (format {FORMAT!r})")
+        raise ProfileError(
+            f"{path}: not a Narwhal profile of format {FORMAT!r} (an older one: import its "
+            "source again with narwhal profile import)"
+        )
     missing = [k for k in ("gpu", "model", "config", "tp") if k not in profile]
     if missing:
         raise ProfileError(f"{path}: no {', '.join(missing)}")
@@ -141,6 +160,18 @@ def _tables(profile: dict[str, Any], tp: int) -> dict[str, Any]:
     return dict(tables)
 
 
+def attention(tables: dict[str, Any]) -> AttentionGrid | AdditiveAttention:
+    """A TP degree's attention table: one grid over mixed steps, or prefill and decode apart
+    (``attention_form = "additive"``, LLMServingSim's older layout)."""
+    points = map(tuple, tables["attention"])
+    form = tables.get("attention_form", "grid")
+    if form == "additive":
+        return AdditiveAttention(points)
+    if form != "grid":
+        raise ProfileError(f"attention_form {form!r} is neither 'grid' nor 'additive'")
+    return AttentionGrid(points)
+
+
 def timing(profile: dict[str, Any], tp: int, graph_sizes: tuple[int, ...]) -> OperatorStepTiming:
     """The step timing of one engine of ``tp`` ranks (``graph_sizes``: CUDA-graph capture
     sizes, empty for an eager engine; see :func:`~.opstep.capture_sizes`); its KV bytes per
@@ -151,11 +182,11 @@ def timing(profile: dict[str, Any], tp: int, graph_sizes: tuple[int, ...]) -> Op
     per_seq = {name: Curve(map(tuple, pts)) for name, pts in tables["per_sequence"].items()}
     return OperatorStepTiming(
         fold_ops(dense, per_seq),
-        AttentionGrid(map(tuple, tables["attention"])),
+        attention(tables),
         config.layers,
         config.shape(tp).kv_bytes_per_token_per_rank * tp,
         graph_sizes,
-        float(tables.get("skew_alpha", 0.0)),
+        SkewAlpha(**{k: float(v) for k, v in tables["skew_alpha"].items()}),
     )
 
 
@@ -170,7 +201,7 @@ def residuals(profile: dict[str, Any]) -> list[tuple[int, str, int, float, float
             errors = [abs(e) for e in leave_one_out(Curve(map(tuple, pts)))]
             if errors:
                 out.append((int(tp_text), name, len(errors), mean(errors), max(errors)))
-        grid = AttentionGrid(map(tuple, tables["attention"]))
+        grid = attention(tables)
         grid_errors = [abs(e) for e in grid.leave_one_out()]
         if grid_errors:
             out.append(

@@ -11,8 +11,11 @@ is the attention table over (prefill chunk tokens, their cached context, decode 
 decodes' mean context). Profilers sweep it as a union of lattices, not one full lattice, so it
 is kept as slices keyed by (chunk, decodes); a query brackets both keys among the values that
 exist, interpolates each corner slice over (cached context, decode context) and blends the four
-corners. A missing corner slice takes the nearest slice that exists. :func:`leave_one_out` is
-the interpolation's own error: each interior point predicted from its two neighbours.
+corners. A missing corner slice takes the nearest slice that exists. :class:`AdditiveAttention`
+is a table whose prefill and decode attention were measured apart (LLMServingSim's older layout):
+two such grids, one over (chunk, cached context), one over (decodes, mean context), a step paying
+both. :func:`leave_one_out` is the interpolation's own error: each interior point predicted from
+its two neighbours.
 """
 
 from __future__ import annotations
@@ -131,3 +134,29 @@ class AttentionGrid:
             for row in piece.rows:
                 errors.extend(leave_one_out(row))
         return errors
+
+
+class AdditiveAttention:
+    """Attention measured as two tables, prefill and decode apart: rows ``(chunk, cached, 0, 0,
+    t)`` time a prefill chunk after its cached context, rows ``(0, 0, decodes, context, t)`` a
+    batch of decodes at their mean context; a mixed step costs the sum."""
+
+    def __init__(self, points: Iterable[tuple[float, float, float, float, float]]) -> None:
+        rows = list(points)
+        prefill = [row for row in rows if row[0] > 0 and row[2] == 0]
+        decode = [row for row in rows if row[0] == 0 and row[2] > 0]
+        if len(prefill) + len(decode) != len(rows):
+            raise ValueError("an additive attention row has both a prefill chunk and decodes")
+        if not prefill or not decode:
+            raise ValueError("an additive attention table needs prefill rows and decode rows")
+        self.prefill = AttentionGrid(prefill)
+        self.decode = AttentionGrid(decode)
+
+    def at(self, chunk: float, cached: float, decodes: float, ctx: float) -> float:
+        seconds = self.prefill.at(chunk, cached, 0.0, 0.0) if chunk > 0 else 0.0
+        if decodes > 0:
+            seconds += self.decode.at(0.0, 0.0, decodes, ctx)
+        return seconds
+
+    def leave_one_out(self) -> list[float]:
+        return self.prefill.leave_one_out() + self.decode.leave_one_out()

@@ -28,7 +28,8 @@ def register(subparsers: Any) -> None:
         "--profile",
         type=Path,
         default=None,
-        help="LLMServingSim profile directory (profiler/perf/<GPU>/<org>/<model>/<dtype>/) or "
+        help="LLMServingSim profile directory (profiler/perf/<GPU>/<org>/<model>/<dtype>/, or "
+        "the older profiler/v0/perf_models/<GPU>/<org>/<model>/) or "
         "a Narwhal profile file; default: the bundled profile of the run's GPU and model",
     )
     parser.add_argument(
@@ -45,11 +46,17 @@ def register(subparsers: Any) -> None:
         help="read an LLMServingSim profile and write Narwhal's",
         description=(
             "Read a per-operator profile in LLMServingSim's layout (meta.yaml, tp<N>/dense.csv, "
-            "attention.csv, per_sequence.csv), print each table's interpolation residuals and "
-            "write Narwhal's profile (gzip'd JSON)."
+            "attention.csv, per_sequence.csv) or its older per-layer one (tp<N>/layers.csv, "
+            "predictions/attn_{prefill,decode}_predictions.csv), print each table's "
+            "interpolation residuals and write Narwhal's profile (gzip'd JSON)."
         ),
     )
-    imp.add_argument("profile_dir", type=Path, help="profiler/perf/<GPU>/<org>/<model>/<dtype>/")
+    imp.add_argument(
+        "profile_dir",
+        type=Path,
+        help="profiler/perf/<GPU>/<org>/<model>/<dtype>/, or the older "
+        "profiler/v0/perf_models/<GPU>/<org>/<model>/",
+    )
     imp.add_argument(
         "--model-config",
         type=Path,
@@ -59,6 +66,7 @@ def register(subparsers: Any) -> None:
     )
     imp.add_argument("--out", type=Path, required=True, help="the profile file to write")
     imp.set_defaults(func=_import)
+
     def no_verb(args: argparse.Namespace) -> int:
         profile.print_help()
         return 2
@@ -68,7 +76,7 @@ def register(subparsers: Any) -> None:
 
 def _validate(args: argparse.Namespace) -> int:
     from narwhal.sim.profiles.source import ProfileError
-    from narwhal.sim.validation.report import table, write_cdfs, write_json
+    from narwhal.sim.validation.report import means_table, table, write_cdfs, write_json
     from narwhal.sim.validation.validate import validate
 
     try:
@@ -84,10 +92,17 @@ def _validate(args: argparse.Namespace) -> int:
     )
     if run.engine.defaulted:
         print(f"not recorded by the run, vLLM's default used: {', '.join(run.engine.defaulted)}")
-    print(table(done.result))
+    if run.means is not None:
+        print(f"published as means only: {run.means.source}")
+        print(means_table(done.result))
+    else:
+        print(table(done.result))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = write_json(done.result, args.out)
+        if not done.samples:
+            print(f"wrote {path} (means only: no CDFs)")
+            return 0
         title = f"{run.engine.model} on {run.gpu}: real vLLM vs Narwhal's simulated engine"
         csv_path, png_path = write_cdfs(done.samples, args.out, title)
         print(f"wrote {path}, {csv_path}, {png_path}")
@@ -95,21 +110,28 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from narwhal.sim.profiles import source, store
+    from narwhal.sim.profiles import importer, store
+    from narwhal.sim.profiles.source import ProfileError
 
     try:
-        imported = source.read_profile(args.profile_dir, args.model_config)
-    except (source.ProfileError, OSError) as error:
+        imported = importer.read_any(args.profile_dir, args.model_config)
+    except (ProfileError, OSError) as error:
         print(f"narwhal profile import: {error}", file=sys.stderr)
         return 2
-    profile = store.from_source(imported, source.origin(args.profile_dir))
+    profile = store.from_source(imported, importer.origin(args.profile_dir))
     print(f"{imported.model} on {imported.gpu_name}: tp {', '.join(map(str, imported.tables))}")
+    for note in imported.notes:
+        print(f"note: {note}")
     print(f"{'tp':>3} {'table':<16}{'points':>7}{'mean |err|':>12}{'max |err|':>11}")
     for tp, name, points, mean_err, max_err in store.residuals(profile):
         print(f"{tp:>3} {name:<16}{points:>7}{100 * mean_err:>11.2f}%{100 * max_err:>10.1f}%")
     print("(residuals: each measured point predicted by interpolating its two neighbours)")
     for tp, tables in sorted(profile["tp"].items(), key=lambda item: int(item[0])):
-        print(f"tp {tp}: skewed-batch attention alpha {tables['skew_alpha']:.4f}")
+        alpha = tables["skew_alpha"]
+        print(
+            f"tp {tp}: skewed-batch attention alpha {alpha['decode']:.4f} decode-only, "
+            f"{alpha['mixed']:.4f} beside a prefill chunk"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     store.write(profile, args.out)
     print(f"wrote {args.out}")

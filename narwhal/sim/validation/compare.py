@@ -5,7 +5,8 @@ run's requests. Its mean, p50, p90 and p99 (linear-interpolated quantiles) are g
 simulated with the simulated one's error in percent of the real; a two-sample Kolmogorov-Smirnov
 test says whether the two distributions differ (``ks_d``, ``ks_p``; scipy's exact or asymptotic
 method as it picks); a TOST (two one-sided Welch t-tests) says whether the means are equivalent
-within +-10% of the real mean (``tost_p``: small means equivalent).
+within +-10% of the real mean (``tost_p``: small means equivalent). A run published as means only
+is compared on its means (:func:`compare_means`), beside other simulators' published figures.
 """
 
 from __future__ import annotations
@@ -51,3 +52,33 @@ def compare(real: list[float], sim: list[float]) -> dict[str, Any]:
         "ks_p": float(ks.pvalue),
         "tost_p": tost_p(np.asarray(real) * 1e3, np.asarray(sim) * 1e3),
     }
+
+
+def sim_throughput(arrivals_s: list[float], latencies_s: list[float], outputs: list[int]) -> float:
+    """Output tokens per second over the whole run, first arrival to last finish (as a
+    benchmark client times its run)."""
+    span = max(a + t for a, t in zip(arrivals_s, latencies_s, strict=True)) - min(arrivals_s)
+    return sum(outputs) / span
+
+
+def compare_means(
+    real: dict[str, float], sim: dict[str, float], anchors: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """A means-only run's ``validation.json``: per metric the real figure, the simulated one and
+    the error; per anchor (another simulator's published figure) its figure and error."""
+    out: dict[str, Any] = {}
+    for metric, value in real.items():
+        out[metric] = {
+            "real": {"mean": value},
+            "sim": {"mean": sim[metric]},
+            "error_pct": {"mean": 100.0 * (sim[metric] - value) / value},
+        }
+    out["anchors"] = {
+        name: {
+            metric: {"mean": figure, "error_pct": 100.0 * (figure - real[metric]) / real[metric]}
+            for metric, figure in figures.items()
+            if metric in real
+        }
+        for name, figures in anchors.items()
+    }
+    return out

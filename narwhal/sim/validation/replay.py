@@ -36,15 +36,12 @@ from narwhal.sim.gpu.params import EngineParams
 from narwhal.sim.gpu.prefix import prompt_text
 from narwhal.sim.gpu.sequence import SimStream
 from narwhal.sim.kvnet import KvNetwork
-from narwhal.sim.model_shape import ModelShape
-from narwhal.sim.profiles import store
-from narwhal.sim.profiles.gpus import GPUS
-from narwhal.sim.profiles.opstep import capture_sizes
 from narwhal.sim.profiles.source import ProfileError
-from narwhal.sim.tensor_parallel import with_allreduce
+from narwhal.sim.scenario import Scenario, ScenarioError, parse_scenario
 from narwhal.sim.timing import StepTiming
 from narwhal.sim.validation.runlog import RunLog, time_per_output_token
-from narwhal.sim.vllm_defaults import kv_cache_budget
+
+NEVER_S = 86_400.0  # router timeouts a replay must not hit: the run had no such router
 
 
 @dataclass(frozen=True)
@@ -60,65 +57,83 @@ class Timed:
         return time_per_output_token(self.ttft_s, self.latency_s, self.output)
 
 
-def num_blocks(run: RunLog, shape: ModelShape) -> int:
-    """The run's KV blocks: as recorded, else vLLM's sizing on the run's GPU."""
-    engine = run.engine
+def run_fleet(run: RunLog, allreduce: bool = True) -> dict[str, Any]:
+    """The run's engines as a scenario's ``[fleet]`` table: its layout and recorded settings,
+    the KV cache as recorded (else vLLM's sizing on the recorded or known device memory), no
+    host overhead or noise (the profile's step is the whole step: vLLM's async scheduling
+    overlaps the host's work with the GPU's). ``allreduce``: a TP > 1 engine's all-reduces
+    (off to measure their share)."""
+    cluster, engine = run.cluster, run.engine
+    fleet: dict[str, Any] = {
+        "gpu": run.gpu,
+        "model": engine.model,
+        "prefill": cluster.prefill,
+        "decode": cluster.decode,
+        "both": cluster.colocated,
+        "max_num_seqs": engine.max_num_seqs,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "block_size": engine.block_size,
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
+        "tensor_parallel": engine.tensor_parallel,
+        "cuda_graphs": not engine.enforce_eager,
+        "prefix_caching": engine.prefix_caching,
+        "tp_allreduce": allreduce,
+        "step_overhead_ms": 0.0,
+        "jitter": 0.0,
+    }
+    if engine.capture_sizes:
+        fleet["cudagraph_capture_sizes"] = list(engine.capture_sizes)
     if engine.num_gpu_blocks:
-        return int(engine.num_gpu_blocks)
-    memory = engine.gpu_memory_bytes or (GPUS[run.gpu].memory_bytes if run.gpu in GPUS else None)
-    if memory is None:
-        raise ProfileError(
-            f"{run.path}: meta.json records neither kv_cache.num_gpu_blocks nor the device's "
-            f"memory, and GPU {run.gpu!r} is not one of {', '.join(sorted(GPUS))}"
+        fleet["kv_cache_tokens"] = int(engine.num_gpu_blocks) * engine.block_size
+    if engine.gpu_memory_bytes:
+        fleet["gpu_memory_gb"] = int(engine.gpu_memory_bytes) / 1e9
+    if engine.gpu_name:
+        fleet["gpu_name"] = engine.gpu_name
+    if cluster.link_gbps is not None:
+        fleet["link_bandwidth_gbps"] = cluster.link_gbps
+    if cluster.link_latency_s is not None:
+        fleet["link_setup_ms"] = cluster.link_latency_s * 1e3
+    return fleet
+
+
+def _scenario(run: RunLog, profile: dict[str, Any], seed: int, allreduce: bool) -> Scenario:
+    """The scenario that replays ``run``: its fleet, its requests as the workload, router
+    timeouts that never fire (the run had no such router)."""
+    try:
+        return parse_scenario(
+            {
+                "fleet": run_fleet(run, allreduce),
+                "workload": {"kind": "run", "run": str(run.path)},
+                "engine": {
+                    "first_token_timeout_s": NEVER_S,
+                    "decode_read_timeout_s": NEVER_S,
+                    "request_timeout_s": NEVER_S,
+                },
+                "sim": {"seed": seed, "decision_log": False},
+            },
+            f"replay of {run.path}",
+            profile,
         )
-    budget = kv_cache_budget(
-        shape,
-        int(memory),
-        engine.gpu_memory_utilization,
-        engine.block_size,
-        engine.max_num_batched_tokens,
-        engine.max_num_seqs,
-    )
-    return budget.num_blocks
+    except ScenarioError as error:
+        raise ProfileError(str(error)) from None
 
 
 def engine_timing(
     run: RunLog, profile: dict[str, Any], allreduce: bool = True
 ) -> tuple[EngineParams, StepTiming]:
-    """The engine settings and the step timing that replay ``run`` with ``profile``
-    (``allreduce``: a TP > 1 engine's all-reduces, on by default; off to measure their share)."""
-    engine = run.engine
-    config = store.model_config(profile)
-    shape = config.shape(engine.tensor_parallel)
-    timing: StepTiming
-    if engine.enforce_eager:
-        graphs: tuple[int, ...] = ()
-    else:
-        graphs = engine.capture_sizes or capture_sizes(engine.max_num_seqs)
-    timing = store.timing(profile, engine.tensor_parallel, graphs)
-    if allreduce and run.gpu in GPUS and shape.tp > 1:
-        link = GPUS[run.gpu]
-        timing = with_allreduce(timing, shape, link.allreduce_gbps, link.allreduce_latency_us / 1e6)
-    params = EngineParams(
-        model=engine.model,
-        max_num_seqs=engine.max_num_seqs,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        block_size=engine.block_size,
-        num_blocks=num_blocks(run, shape),
-        step_overhead_s=0.0,
-        jitter=0.0,
-        prefix_caching=engine.prefix_caching,
-    )
-    return params, timing
+    """The engine settings and the step timing that replay ``run`` with ``profile``."""
+    fleet = _scenario(run, profile, 0, allreduce).fleet
+    return fleet.engine_params(), fleet.step_timing()
 
 
 def replay(
     run: RunLog, profile: dict[str, Any], seed: int = 0, allreduce: bool = True
 ) -> list[Timed]:
     """Simulate ``run`` with ``profile``; the timing of each request, in the run's order."""
+    scenario = _scenario(run, profile, seed, allreduce)
     if run.cluster.disaggregated:
-        return _through_router(run, profile, seed, allreduce)
-    params, timing = engine_timing(run, profile, allreduce)
+        return _through_router(run, scenario)
+    params, timing = scenario.fleet.engine_params(), scenario.fleet.step_timing()
     env = simpy.Environment()
     registry: Registry = {}
     net = KvNetwork(env, bandwidth_gbps=1e9, setup_s=0.0)
@@ -170,65 +185,14 @@ def replay(
     return out
 
 
-NEVER_S = 86_400.0  # router timeouts a replay must not hit: the run had no such router
-
-
-def _through_router(
-    run: RunLog, profile: dict[str, Any], seed: int, allreduce: bool
-) -> list[Timed]:
+def _through_router(run: RunLog, scenario: Scenario) -> list[Timed]:
     """A disaggregated run through Narwhal's simulated router (see the module docstring)."""
-    import tempfile
-    from pathlib import Path
-
     from narwhal.sim.results import record_rows
     from narwhal.sim.runner import run as simulate
-    from narwhal.sim.scenario import parse_scenario
 
-    cluster, engine = run.cluster, run.engine
-    if not cluster.prefill or not cluster.decode:
+    if not run.cluster.prefill or not run.cluster.decode:
         raise ProfileError(f"{run.path}: a disaggregated run needs prefill and decode engines")
-    shape = store.model_config(profile).shape(engine.tensor_parallel)
-    fleet: dict[str, Any] = {
-        "gpu": run.gpu,
-        "model": engine.model,
-        "prefill": cluster.prefill,
-        "decode": cluster.decode,
-        "both": cluster.colocated,
-        "max_num_seqs": engine.max_num_seqs,
-        "max_num_batched_tokens": engine.max_num_batched_tokens,
-        "block_size": engine.block_size,
-        "kv_cache_tokens": num_blocks(run, shape) * engine.block_size,
-        "tensor_parallel": engine.tensor_parallel,
-        "cuda_graphs": not engine.enforce_eager,
-        "prefix_caching": engine.prefix_caching,
-        "tp_allreduce": allreduce,
-        "step_overhead_ms": 0.0,
-        "jitter": 0.0,
-    }
-    if cluster.link_gbps is not None:
-        fleet["link_bandwidth_gbps"] = cluster.link_gbps
-    if cluster.link_latency_s is not None:
-        fleet["link_setup_ms"] = cluster.link_latency_s * 1e3
-    if run.gpu not in GPUS:
-        raise ProfileError(f"{run.path}: GPU {run.gpu!r} is not one of {', '.join(sorted(GPUS))}")
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "profile.json.gz"
-        store.write(profile, path)
-        fleet["profile"] = str(path)
-        scenario = parse_scenario(
-            {
-                "fleet": fleet,
-                "workload": {"kind": "run", "run": str(run.path)},
-                "engine": {
-                    "first_token_timeout_s": NEVER_S,
-                    "decode_read_timeout_s": NEVER_S,
-                    "request_timeout_s": NEVER_S,
-                },
-                "sim": {"seed": seed, "decision_log": False},
-            },
-            f"replay of {run.path}",
-        )
-        rows = record_rows(simulate(scenario))
+    rows = record_rows(simulate(scenario))
     order = sorted(range(len(run.requests)), key=lambda i: run.requests[i].arrival_s)
     timed: list[Timed | None] = [None] * len(run.requests)
     for i, row in zip(order, rows, strict=True):

@@ -3,7 +3,9 @@
 Rule kept here: ``validation.json`` has exactly the keys ``narwhal validate`` documents
 (``ttft_ms``, ``tpot_ms``, ``latency_ms``, each with ``real``, ``sim``, ``error_pct``, ``ks_d``,
 ``ks_p``, ``tost_p``); the CSV holds every point the PNG draws, so a figure can be checked
-without the picture.
+without the picture. A run published as means only has, per metric it published, ``real``,
+``sim`` and ``error_pct`` of the mean alone, plus ``anchors`` (other simulators' figures and
+their errors), and no CDFs.
 """
 
 from __future__ import annotations
@@ -58,6 +60,38 @@ def write_cdfs(
     fig.savefig(png_path, dpi=110, metadata={"Software": None})
     plt.close(fig)
     return csv_path, png_path
+
+
+MEAN_LABELS = {
+    "ttft_ms": "TTFT mean (ms)",
+    "tpot_ms": "TPOT mean (ms)",
+    "latency_ms": "E2E mean (ms)",
+    "throughput_tok_s": "output tok/s",
+}
+
+
+def means_table(result: dict[str, Any]) -> str:
+    """A means-only run's table: real, simulated, error, and each anchor with its error."""
+    anchors = result.get("anchors", {})
+    head = f"{'metric':<18}{'real':>10}{'sim':>10}{'error':>9}"
+    head += "".join(f"{name:>26}" for name in anchors)
+    lines = [head, "-" * len(head)]
+    for metric, label in MEAN_LABELS.items():
+        if metric not in result:
+            continue
+        entry = result[metric]
+        line = (
+            f"{label:<18}{entry['real']['mean']:>10.1f}{entry['sim']['mean']:>10.1f}"
+            f"{entry['error_pct']['mean']:>+8.1f}%"
+        )
+        for figures in anchors.values():
+            if metric in figures:
+                cell = f"{figures[metric]['mean']:.1f} ({figures[metric]['error_pct']:+.1f}%)"
+            else:
+                cell = "-"
+            line += f"{cell:>26}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def table(result: dict[str, Any]) -> str:

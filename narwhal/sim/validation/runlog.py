@@ -15,6 +15,14 @@ token ids, where the run's dataset can be found (``meta.json``'s ``dataset_path`
 checkout the run sits in, checked against ``dataset_hash``), give each prompt's content
 identity block by block (:func:`prompt_segments`), so the simulated prefix cache hits where
 vLLM's did; without it every prompt is unique (no prefix hits), and the replay says so.
+
+A run published only as mean figures (a paper's artifact) has ``means.json`` in place of
+``requests.jsonl``: ``{"source": where the figures are published, "num_requests": N, "real":
+{metric: mean}, "anchors": {simulator: {metric: mean}}}`` with metrics ``ttft_ms``, ``tpot_ms``,
+``latency_ms`` and ``throughput_tok_s`` (output tokens per second of the whole run); its requests
+(arrivals, lengths, prompts) are its dataset's rows, which it must have, and their times are not
+recorded (``ttft_s`` None), so it is compared on means alone. A batch limit the run does not
+record (``max_num_seqs``, ``max_num_batched_tokens``) is vLLM's default for its GPU.
 """
 
 from __future__ import annotations
@@ -27,15 +35,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from narwhal.sim.profiles.gpus import GPUS
 from narwhal.sim.profiles.source import ProfileError
+from narwhal.sim.vllm_defaults import batch_defaults
 
+MEANS = "means.json"  # a run published as mean figures only, in place of requests.jsonl
 REQUEST_FIELDS = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
 
 
-def time_per_output_token(ttft_s: float, latency_s: float, output: int) -> float | None:
-    """Time per output token after the first (None for a one-token answer), as the run's
-    recorder measures it."""
-    if output <= 1:
+def time_per_output_token(
+    ttft_s: float | None, latency_s: float | None, output: int
+) -> float | None:
+    """Time per output token after the first (None for a one-token answer, or a request whose
+    times the run did not record), as the run's recorder measures it."""
+    if output <= 1 or ttft_s is None or latency_s is None:
         return None
     return (latency_s - ttft_s) / (output - 1)
 
@@ -47,8 +60,8 @@ class RunRequest:
     arrival_s: float  # queued_ts, from the run's first
     prompt: int
     output: int
-    ttft_s: float
-    latency_s: float
+    ttft_s: float | None  # None: a means-only run (see RunMeans)
+    latency_s: float | None
     segments: tuple[tuple[int, int], ...] = ()  # prompt content identity, where the run has it
 
     @property
@@ -92,6 +105,19 @@ class Cluster:
         return self.prefill > 0 or self.decode > 0
 
 
+MEAN_METRICS = ("ttft_ms", "tpot_ms", "latency_ms", "throughput_tok_s")
+
+
+@dataclass(frozen=True)
+class RunMeans:
+    """A run published as mean figures only (``means.json``): what was measured, where it was
+    published, and other simulators' figures for the same run (anchors)."""
+
+    source: str
+    real: dict[str, float]  # of MEAN_METRICS
+    anchors: dict[str, dict[str, float]]  # simulator -> its figures (of MEAN_METRICS)
+
+
 @dataclass(frozen=True)
 class RunLog:
     path: Path
@@ -100,13 +126,85 @@ class RunLog:
     cluster: Cluster
     requests: tuple[RunRequest, ...]
     dataset: Path | None = None  # where the prompts' token ids came from
+    means: RunMeans | None = None  # a means-only run: its requests' times are not recorded
 
 
 def _vllm_dir(run_dir: Path) -> Path:
     for candidate in (run_dir / "vllm", run_dir):
-        if (candidate / "requests.jsonl").is_file():
+        if (candidate / "requests.jsonl").is_file() or (candidate / MEANS).is_file():
             return candidate
-    raise ProfileError(f"{run_dir}: no requests.jsonl (in vllm/ or the directory itself)")
+    raise ProfileError(
+        f"{run_dir}: no requests.jsonl nor {MEANS} (in vllm/ or the directory itself)"
+    )
+
+
+def _figures(value: Any, where: str) -> dict[str, float]:
+    if not isinstance(value, dict) or not value:
+        raise ProfileError(f"{where}: not an object of figures")
+    unknown = sorted(set(value) - set(MEAN_METRICS))
+    if unknown:
+        raise ProfileError(
+            f"{where}: unknown {', '.join(unknown)} (known: {', '.join(MEAN_METRICS)})"
+        )
+    bad = [k for k, v in value.items() if not isinstance(v, int | float) or v <= 0]
+    if bad:
+        raise ProfileError(f"{where}: {', '.join(bad)} not a positive number")
+    return {k: float(v) for k, v in value.items()}
+
+
+def read_means(path: Path) -> tuple[RunMeans, int]:
+    """A means-only run's figures and its request count (see the module docstring)."""
+    try:
+        raw = json.loads(path.read_text("utf-8"))
+    except ValueError as error:
+        raise ProfileError(f"{path}: {error}") from None
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: not a JSON object")
+    missing = [k for k in ("source", "num_requests", "real") if k not in raw]
+    if missing:
+        raise ProfileError(f"{path}: no {', '.join(missing)}")
+    if not isinstance(raw["num_requests"], int) or raw["num_requests"] < 2:
+        raise ProfileError(f"{path}: num_requests is not a count of at least 2")
+    anchors = raw.get("anchors") or {}
+    if not isinstance(anchors, dict):
+        raise ProfileError(f"{path}: anchors is not an object")
+    means = RunMeans(
+        source=str(raw["source"]),
+        real=_figures(raw["real"], f"{path}: real"),
+        anchors={str(k): _figures(v, f"{path}: anchors.{k}") for k, v in anchors.items()},
+    )
+    return means, int(raw["num_requests"])
+
+
+def dataset_requests(dataset: Path, text: bytes) -> tuple[RunRequest, ...]:
+    """A means-only run's requests from its dataset (LLMServingSim's format: ``arrival_time_ns``,
+    ``input_toks``, ``output_toks`` a row), arrivals from the first; times not recorded."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as error:
+            raise ProfileError(f"{dataset}:{number}: {error}") from None
+        fields = ("arrival_time_ns", "input_toks", "output_toks")
+        missing = [k for k in fields if not isinstance(row.get(k), int | float)]
+        if missing:
+            raise ProfileError(f"{dataset}:{number}: no {', '.join(missing)}")
+        rows.append(row)
+    if not rows:
+        raise ProfileError(f"{dataset}: no requests")
+    start = min(float(r["arrival_time_ns"]) for r in rows)
+    return tuple(
+        RunRequest(
+            arrival_s=(float(r["arrival_time_ns"]) - start) / 1e9,
+            prompt=int(r["input_toks"]),
+            output=int(r["output_toks"]),
+            ttft_s=None,
+            latency_s=None,
+        )
+        for r in rows
+    )
 
 
 def read_requests(path: Path) -> tuple[RunRequest, ...]:
@@ -138,20 +236,44 @@ def read_requests(path: Path) -> tuple[RunRequest, ...]:
     )
 
 
-def _engine(meta: dict[str, Any], where: Path) -> EngineSetup:
+def _batch_limits(kwargs: dict[str, Any], gpu: str, where: Path) -> tuple[int, int, list[str]]:
+    """The run's sequence cap and token budget: as recorded, else vLLM's defaults for the GPU
+    (``vllm serve`` on that device: :func:`~narwhal.sim.vllm_defaults.batch_defaults`)."""
+    seqs, tokens = kwargs.get("max_num_seqs"), kwargs.get("max_num_batched_tokens")
+    absent = [
+        k for k, v in (("max_num_seqs", seqs), ("max_num_batched_tokens", tokens)) if v is None
+    ]
+    if not absent:
+        if not isinstance(seqs, int) or not isinstance(tokens, int):
+            raise ProfileError(f"{where}: max_num_seqs and max_num_batched_tokens must be integers")
+        return seqs, tokens, []
+    if gpu not in GPUS:
+        raise ProfileError(
+            f"{where}: engine_kwargs has no {', '.join(absent)}, and GPU {gpu!r} is not one of "
+            f"{', '.join(sorted(GPUS))} whose vLLM defaults are known"
+        )
+    device = GPUS[gpu]
+    vllm = batch_defaults(
+        device.memory_bytes,
+        device.name,
+        max_num_seqs=seqs if isinstance(seqs, int) else None,
+        max_num_batched_tokens=tokens if isinstance(tokens, int) else None,
+    )
+    return vllm.max_num_seqs, vllm.max_num_batched_tokens, absent
+
+
+def _engine(meta: dict[str, Any], where: Path, gpu: str) -> EngineSetup:
     kwargs = meta.get("engine_kwargs")
     if not isinstance(kwargs, dict):
         raise ProfileError(f"{where}: no engine_kwargs")
-    for key in ("max_num_seqs", "max_num_batched_tokens"):
-        if not isinstance(kwargs.get(key), int):
-            raise ProfileError(f"{where}: engine_kwargs has no {key}")
+    max_num_seqs, max_num_batched_tokens, batch_defaulted = _batch_limits(kwargs, gpu, where)
     resolved = meta.get("resolved_config") or {}
     cache = meta.get("kv_cache") or {}
     hardware = meta.get("hardware") or {}
     compilation = resolved.get("compilation_config") or {}
     scheduler = resolved.get("scheduler_config") or {}
     model_config = resolved.get("model_config") or {}
-    defaulted: list[str] = []
+    defaulted: list[str] = list(batch_defaulted)
 
     def pick(value: Any, default: Any, name: str) -> Any:
         if value is None:
@@ -165,8 +287,8 @@ def _engine(meta: dict[str, Any], where: Path) -> EngineSetup:
         vllm_version=str(meta.get("vllm_version", "")),
         gpu_name=hardware.get("device_name"),
         gpu_memory_bytes=hardware.get("device_total_memory_bytes"),
-        max_num_seqs=int(kwargs["max_num_seqs"]),
-        max_num_batched_tokens=int(kwargs["max_num_batched_tokens"]),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
         block_size=int(pick(cache.get("block_size"), 16, "block_size")),
         num_gpu_blocks=cache.get("num_gpu_blocks"),
         gpu_memory_utilization=float(
@@ -191,14 +313,29 @@ def read_run(run_dir: Path) -> RunLog:
         meta = json.loads(meta_path.read_text("utf-8"))
     except ValueError as error:
         raise ProfileError(f"{meta_path}: {error}") from None
-    engine = _engine(meta, meta_path)
+    gpu = vllm_dir.parent.parent.name if vllm_dir.name == "vllm" else vllm_dir.parent.name
+    engine = _engine(meta, meta_path, gpu)
     cluster = _cluster(vllm_dir.parent / "config.json") or Cluster()
     data_parallel = int((meta.get("engine_kwargs") or {}).get("data_parallel_size") or 1)
     if not cluster.disaggregated and data_parallel > cluster.colocated:
         cluster = dataclasses.replace(cluster, colocated=data_parallel)
-    gpu = vllm_dir.parent.parent.name if vllm_dir.name == "vllm" else vllm_dir.parent.name
-    requests = read_requests(vllm_dir / "requests.jsonl")
     found = find_dataset(vllm_dir, meta)
+    means = None
+    if (vllm_dir / "requests.jsonl").is_file():
+        requests = read_requests(vllm_dir / "requests.jsonl")
+    else:
+        means, count = read_means(vllm_dir / MEANS)
+        if found is None:
+            raise ProfileError(
+                f"{vllm_dir / MEANS}: a means-only run replays its dataset: meta.json needs "
+                "dataset_path and dataset_hash, the file as dataset.jsonl or dataset.jsonl.xz "
+                f"in {vllm_dir.parent if vllm_dir.name == 'vllm' else vllm_dir}"
+            )
+        requests = dataset_requests(*found)
+        if len(requests) != count:
+            raise ProfileError(
+                f"{vllm_dir / MEANS}: num_requests {count}, the dataset has {len(requests)}"
+            )
     dataset = None
     if found is not None:
         dataset, text = found
@@ -210,6 +347,7 @@ def read_run(run_dir: Path) -> RunLog:
         cluster=cluster,
         requests=requests,
         dataset=dataset,
+        means=means,
     )
 
 

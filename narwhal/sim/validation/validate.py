@@ -2,17 +2,19 @@
 
 Rule kept here: the profile is the one given (an LLMServingSim profile directory, or a Narwhal
 profile file), else the bundled profile of the run's GPU and model; the run is replayed once
-(:mod:`.replay`, deterministic) and compared per metric (:mod:`.compare`).
+(:mod:`.replay`, deterministic) and compared per metric (:mod:`.compare`): as distributions, or
+on means where the run published only means.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
-from narwhal.sim.profiles import source, store
-from narwhal.sim.validation.compare import compare
+from narwhal.sim.profiles import importer, source, store
+from narwhal.sim.validation.compare import compare, compare_means, sim_throughput
 from narwhal.sim.validation.replay import replay
 from narwhal.sim.validation.runlog import RunLog, read_run
 
@@ -23,7 +25,7 @@ def load_profile(path: Path | None, run: RunLog) -> dict[str, Any]:
     if path is None:
         return store.bundled(run.gpu, run.engine.model)
     if path.is_dir():
-        return store.from_source(source.read_profile(path), source.origin(path))
+        return store.from_source(importer.read_any(path), importer.origin(path))
     if path.is_file():
         return store.read(path)
     raise source.ProfileError(f"{path}: no such profile directory or file")
@@ -34,7 +36,8 @@ class Validation:
     run: RunLog
     profile: dict[str, Any]
     result: dict[str, Any]  # validation.json
-    samples: dict[str, tuple[list[float], list[float]]]  # metric -> (real, sim) in seconds
+    # metric -> (real, sim) in seconds; empty for a means-only run (no real distribution)
+    samples: dict[str, tuple[list[float], list[float]]]
 
 
 def validate(run_dir: Path, profile_path: Path | None = None, seed: int = 0) -> Validation:
@@ -47,12 +50,25 @@ def validate(run_dir: Path, profile_path: Path | None = None, seed: int = 0) -> 
     timed = replay(run, profile, seed)
     real = run.requests
     samples = {
-        "ttft_ms": ([r.ttft_s for r in real], [t.ttft_s for t in timed]),
+        "ttft_ms": (
+            [r.ttft_s for r in real if r.ttft_s is not None],
+            [t.ttft_s for t in timed],
+        ),
         "tpot_ms": (
             [r.tpot_s for r in real if r.tpot_s is not None],
             [t.tpot_s for t in timed if t.tpot_s is not None],
         ),
-        "latency_ms": ([r.latency_s for r in real], [t.latency_s for t in timed]),
+        "latency_ms": (
+            [r.latency_s for r in real if r.latency_s is not None],
+            [t.latency_s for t in timed],
+        ),
     }
+    if run.means is not None:
+        sim = {metric: 1e3 * mean(values) for metric, (_, values) in samples.items()}
+        sim["throughput_tok_s"] = sim_throughput(
+            [r.arrival_s for r in real], [t.latency_s for t in timed], [t.output for t in timed]
+        )
+        result = compare_means(run.means.real, sim, run.means.anchors)
+        return Validation(run, profile, result, {})
     result = {metric: compare(a, b) for metric, (a, b) in samples.items()}
     return Validation(run, profile, result, samples)

@@ -1,0 +1,166 @@
+"""Resumable streams over real loopback HTTP: a consumer scripted to die mid-stream, the same
+client stream resumed on another consumer by token replay, and the client's text compared with
+an uninterrupted run's (the emulator generates autoregressively, so a continuation that is off by
+one token, or re-tokenised, shows up as different text)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from narwhal.emulator.text import completion_tokens, prompt_text
+from tests.live.conftest import HTTP, Emulator, RouterHandle, metric_value
+
+PROMPT = "A narwhal's tusk is a tooth that grows through its lip"
+MAX_TOKENS = 12
+DIE_AFTER = 5
+
+
+def uninterrupted(n: int = MAX_TOKENS) -> str:
+    return "".join(completion_tokens(prompt_text({"prompt": PROMPT}, chat=False), n))
+
+
+def stream_events(handle: RouterHandle, **extra: Any) -> list[Any]:
+    """Every SSE data field of one streamed completion, JSON-decoded ("[DONE]" kept as is)."""
+    body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "stream": True}
+    with HTTP.stream("POST", handle.url + "/v1/completions", json={**body, **extra}) as reply:
+        assert reply.status_code == 200
+        raw = reply.read().decode()
+    datas = [line[6:] for line in raw.split("\n") if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in datas]
+
+
+def until_placed_on_the_dying(
+    handle: RouterHandle, **extra: Any
+) -> tuple[list[Any], dict[str, Any]]:
+    """Stream requests until one was placed first on the dying consumer (the placement spreads
+    them; a bounded number of tries): its events and its request record."""
+    for tries in range(1, 11):
+        events = stream_events(handle, **extra)
+        handle.wait_for(lambda n=tries: len(handle.logged_requests()) == n)  # type: ignore[misc]
+        record = handle.logged_requests()[-1]
+        if record["attempts"] > 1 or record["status"] != 200 or record.get("resume_refused"):
+            return events, record
+        assert text_of(events) == uninterrupted()  # placed on the healthy one: as ever
+    raise AssertionError("no request was placed on the dying consumer in 10 tries")
+
+
+def text_of(events: list[Any]) -> str:
+    return "".join(
+        c.get("text", "") for e in events if isinstance(e, dict) for c in e.get("choices", [])
+    )
+
+
+def fleet(
+    emulator: Callable[..., Emulator],
+    router: Callable[..., RouterHandle],
+    *,
+    resume: bool = True,
+    **recovery: Any,
+) -> tuple[Emulator, Emulator, RouterHandle]:
+    """A producer, a consumer the tests script to die on every stream and a healthy consumer; the
+    breaker never ejects, so requests keep being placed on both."""
+    producer = emulator("prefill", seed=1)
+    dying, healthy = emulator("decode", seed=2), emulator("decode", seed=3)
+    handle = router(
+        [
+            {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
+            {"url": dying.url, "role": "decode"},
+            {"url": healthy.url, "role": "decode"},
+        ],
+        recovery={
+            "eject_after": 1000,
+            "probe_interval_s": 60.0,
+            "resume_streams": resume,
+            **recovery,
+        },
+    )
+    return dying, healthy, handle
+
+
+FAULTS = [
+    pytest.param({"kind": "disconnect"}, "closed_before_done", id="disconnect"),
+    pytest.param({"kind": "stall", "seconds": 30}, "silence", id="silence"),
+    pytest.param({"kind": "inband_error", "code": 500}, "inband_error", id="inband-error"),
+]
+
+
+@pytest.mark.parametrize(("fault", "kind"), FAULTS)
+def test_a_consumer_dying_mid_stream_is_resumed_with_the_uninterrupted_text(
+    emulator: Callable[..., Emulator],
+    router: Callable[..., RouterHandle],
+    fault: dict[str, Any],
+    kind: str,
+) -> None:
+    dying, healthy, handle = fleet(emulator, router)
+    dying.faults({**fault, "after_tokens": DIE_AFTER})
+    events, record = until_placed_on_the_dying(handle, stream_options={"include_usage": True})
+    assert text_of(events) == uninterrupted()
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = [e for e in events if isinstance(e, dict)]
+    assert not [e for e in chunks if "error" in e]
+    assert len({e["id"] for e in chunks}) == 1  # one client stream
+    assert len({e["created"] for e in chunks}) == 1
+    assert all(c["index"] == 0 for e in chunks for c in e["choices"])
+    usage = chunks[-1]["usage"]  # the whole stream's, not the resumed leg's
+    assert usage["completion_tokens"] == MAX_TOKENS
+    assert usage["prompt_tokens"] == len(PROMPT) + 1
+    # every generated token id, once and in order (what the replay is built from)
+    ids = [i for e in chunks for c in e["choices"] for i in c.get("token_ids") or []]
+    assert len(ids) == MAX_TOKENS
+    metrics = handle.metrics()
+    assert metric_value(metrics, "narwhal_stream_resumes_total", outcome="resumed", reason=kind)
+    assert record["status"] == 200 and record["outcome"] == "ok"
+    assert record["resumes"] == 1 and record["attempts"] == 2
+    assert record["output_tokens"] == MAX_TOKENS
+    # the failed consumer streamed, the resumed leg prefilled afresh and decoded elsewhere
+    assert record["engines"][1:] == [dying.url, record["engines"][0], healthy.url]
+    # the failure, for a replay of the log (narwhal replay): an attempt failed on the dying one
+    failed = [line for line in handle.logged() if line["event"] == "attempt_failed"]
+    assert [(f["engine"], f["fault"], f["request"], f["resumed"]) for f in failed] == [
+        (dying.url, kind, record["request_id"], True)
+    ]
+
+
+def test_resume_off_keeps_the_terminal_error_event(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
+) -> None:
+    dying, _healthy, handle = fleet(emulator, router, resume=False)
+    dying.faults({"kind": "disconnect", "after_tokens": DIE_AFTER})
+    events, record = until_placed_on_the_dying(handle)
+    assert text_of(events) == uninterrupted(DIE_AFTER)
+    assert "error" in events[-1] and "[DONE]" not in events
+    chunks = [e for e in events if isinstance(e, dict) and "choices" in e]
+    assert not any("token_ids" in c for e in chunks for c in e["choices"])  # asked as sent
+    assert "narwhal_stream_resumes_total{" not in handle.metrics()
+    assert "resumes" not in record and "resume_refused" not in record
+
+
+@pytest.mark.parametrize(
+    ("extra", "recovery", "reason"),
+    [
+        pytest.param({"stop": ["zz"]}, {}, "stop", id="stop-strings"),
+        pytest.param({"logprobs": 1}, {}, "logprobs", id="logprobs"),
+        pytest.param({"response_format": {"type": "json_object"}}, {}, "guided", id="guided"),
+        pytest.param({}, {"max_resumes": 0}, "max_resumes", id="max-resumes"),
+        pytest.param({}, {"resume_max_seq_len": 20}, "sequence_length", id="sequence-length"),
+    ],
+)
+def test_a_stream_that_cannot_be_replayed_exactly_ends_with_the_terminal_event(
+    emulator: Callable[..., Emulator],
+    router: Callable[..., RouterHandle],
+    extra: dict[str, Any],
+    recovery: dict[str, Any],
+    reason: str,
+) -> None:
+    dying, _healthy, handle = fleet(emulator, router, **recovery)
+    dying.faults({"kind": "disconnect", "after_tokens": DIE_AFTER})
+    events, record = until_placed_on_the_dying(handle, **extra)
+    assert "error" in events[-1] and "[DONE]" not in events
+    assert text_of(events) == uninterrupted(DIE_AFTER)
+    metrics = handle.metrics()
+    assert metric_value(metrics, "narwhal_stream_resumes_total", outcome="refused", reason=reason)
+    assert record["resume_refused"] == reason and record["attempts"] == 1

@@ -1,0 +1,65 @@
+"""A resumed stream on real vLLM: a consumer killed mid-stream, the client's stream resumed by
+token replay (vLLM's ``return_token_ids``: the prompt's and the delivered tokens' ids, prefilled
+afresh), and the client's text exactly the uninterrupted greedy run's.
+
+Destructive (the consumer is left dead; the ``pair`` fixture restarts it for any later test), so
+it runs after the other files. The second consumer is the suite's plain engine (no KV connector:
+it ignores the handoff and computes the prompt itself), which also gives the reference text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import openai
+import pytest
+
+from narwhal.vllm.processes import metric_sum
+from tests.vllm.conftest import Fleet
+from tests.vllm.harness import MODEL, Narwhal, fleet_config_text
+from tests.vllm.test_a_serving import unique_prompt
+from tests.vllm.test_c_faults import kill_after_tokens
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
+
+MAX_TOKENS = 1900  # about 4 s of decode: the kill comes long before the end
+KILL_AFTER = 20
+
+
+def test_consumer_killed_mid_stream_is_resumed_with_the_uninterrupted_text(
+    pair: Fleet, tmp_path: Path, log_dir: Path
+) -> None:
+    prompt = unique_prompt(17, 50)
+    single = openai.OpenAI(base_url=pair.single.url + "/v1", api_key="unused", max_retries=0)
+    expected = single.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+    )
+    reference = expected.choices[0].text
+    assert len(reference) == MAX_TOKENS  # the tiny model never ends early (greedy, no EOS)
+
+    config = tmp_path / "narwhal-resume.toml"
+    config.write_text(
+        fleet_config_text(
+            [pair.producer],
+            [pair.consumer, pair.single],  # round robin: the first stream goes to the consumer
+            routing={"decode": "round_robin"},
+            recovery={"resume_streams": True, "eject_after": 2, "probe_interval_s": 60.0},
+        )
+    )
+    router = Narwhal(config, log_dir / "narwhal-resume.log").start()
+    try:
+        killer = kill_after_tokens(pair.consumer, KILL_AFTER, timeout=30)
+        stream = router.client().completions.create(
+            model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+        pieces = [chunk.choices[0].text for chunk in stream if chunk.choices]
+        killer.join(timeout=30)
+        assert not pair.consumer.alive()  # killed mid-stream, and still the stream went on
+        assert "".join(pieces) == reference
+        metrics = router.metrics()
+        resumed = metric_sum(metrics, "narwhal_stream_resumes_total", outcome="resumed")
+        assert resumed == 1, metrics
+        entry = router.engine(pair.consumer.url)
+        assert entry["failure_streak"] == 1, entry  # the dead consumer is charged as ever
+    finally:
+        router.stop()
