@@ -21,7 +21,7 @@ from __future__ import annotations
 from narwhal.core.wire import DONE
 from narwhal.sim.gpu.sequence import EOF, Resumer, Seq, SimStream, take_chunk
 from narwhal.sim.gpu.totals import EngineTotals
-from narwhal.sim.gpu.wire import ERROR_500, token_chunk
+from narwhal.sim.gpu.wire import ERROR_500, prompt_ids, token_chunk
 
 
 class StreamWriter:
@@ -49,13 +49,14 @@ class StreamWriter:
                 data = seq.chunk
             else:
                 assert seq.head is not None  # a decode leg's stream has its writer
-                prompt = seq.prompt if first and seq.ids else None  # return_token_ids' first
-                data = token_chunk(seq.head, n, final, seq.ids, prompt)
+                asked = seq.ids  # return_token_ids: the prompt's ids ride on the first chunk
+                prompt = prompt_ids(asked, seq.prompt) if first and asked is not None else None
+                data = token_chunk(seq.head, n, final, asked is not None, prompt)
                 if not final and prompt is None:
                     seq.chunk_tokens, seq.chunk = n, data
             stream.buffer.append((now, data))
         if final:
-            self.totals.delivered[seq.rid] = seq.emitted
+            self.totals.deliver(seq.rid, seq.emitted)
             stream.buffer.append((now, DONE))
             stream.ended = EOF
         if stream.waiter is not None and (final or first or not self.coalesce_reads):
@@ -73,7 +74,7 @@ class StreamWriter:
             self.emit(seq, final=False, now=now)
             seq.gen = generated
             seq.fault = (kind, after)
-        self.totals.delivered[seq.rid] = seq.emitted  # what went out before the fault
+        self.totals.deliver(seq.rid, seq.emitted)  # what went out before the fault
         if kind == "stall":  # the stream stays open and says nothing more
             return kind
         if kind == "early_done":
