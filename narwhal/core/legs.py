@@ -26,20 +26,20 @@ forwards its events in one write; ``EngineClient`` yields them; probes and prefl
 
 Why a committed stream has a second way in, :meth:`DecodeLeg.forwardable` and
 :meth:`DecodeLeg.forwarded` (the lifecycle's ``_relay``, which the live transport calls from its
-read callback, :meth:`~narwhal.core.ports.Transport.relay_reads`): a read that is only whole
-token and metadata events, after the first token, is taken where it arrives instead of waking the
+read callback, :meth:`~narwhal.core.ports.Transport.relay_reads`): a read that is only whole token
+and metadata events, after the first token, is taken where it arrives instead of waking the
 request's task and its chain of coroutines. Everything it decides is :meth:`read`'s (it takes
-nothing :meth:`read` would treat differently, declines the rest untouched, and restarts the
-silence timer the same way), so it is a shortcut, not a second set of rules. Reading every chunk
-through the decode loop instead costs about 40 % more per chunk, far past the benchmark's
-run-to-run spread (under 1 %): 87 k instructions per paced chunk against 62 k, a 64-token
-request 6.41 M against 4.85 M (1-token requests, which the relay never sees, 0.93 M either way),
-counted by ``.venv/bin/python benchmarks/router/router_instructions.py --tokens 64
---decode-s-per-token 0.01 --base 10 --requests 30`` (and ``--base 10 --requests 100`` for the
-1-token figure; per chunk: the 64-token figure less the 1-token one, over 63). At full speed,
-several chunks to a read, wall-clock CPU does not separate the two: 30 to 40 ms per 1,000 chunks
-either way, runs alternated, ``.venv/bin/python benchmarks/router/routers.py --quick --skip
-faults --only narwhal``.
+nothing :meth:`read` would treat differently, declines the rest untouched, and restarts the silence
+timer the same way), so it is a shortcut, not a second set of rules. Reading every chunk through
+the decode loop instead costs nearly 40 % more per chunk, far past the counter's run-to-run spread
+(a 1-token request: 0.832 M to 0.904 M in four runs): 79 k instructions per paced chunk against 57
+k, a 64-token request 5.83 M against 4.45 M (pure build, Debian's python3.11; pyenv's unoptimised
+3.11.7: 87 k against 62 k), counted by ``.venv/bin/python benchmarks/router/router_instructions.py
+--tokens 64 --decode-s-per-token 0.01 --base 10 --requests 30`` (per chunk: that figure less the
+1-token one, ``--base 10 --requests 100``, over 63; the relay never sees a 1-token request). At
+full speed, several chunks to a read, wall-clock CPU does not separate the two: 30 to 40 ms per
+1,000 chunks either way, runs alternated, ``.venv/bin/python benchmarks/router/routers.py --quick
+--skip faults --only narwhal``.
 
 What an engine sends is bounded, so a broken engine cannot exhaust the router's memory: a
 prefill reply over :data:`MAX_REPLY_BYTES` (the transport stops reading one byte past it) and an
