@@ -138,6 +138,43 @@ class AdmissionSettings(_Strict):
     max_json_values: Annotated[Count, Field(ge=64, le=100_000_000)] = 262_144
 
 
+class FlowSettings(_Strict):
+    """Flow control (``[flow]``): requests wait in bounded per-priority queues in front of
+    admission instead of being refused at ``admission.max_requests_in_flight``; off by default,
+    and off the router behaves exactly as without it (narwhal.core.flow, docs/live.md).
+    """
+
+    enabled: bool = False
+    # the band of a request: this header's integer, else its API key's entry, else the default;
+    # a band below zero is sheddable
+    priority_header: str = "x-narwhal-priority"
+    default_priority: Annotated[int, Strict(), Field(ge=-1000, le=1000)] = 0
+    api_key_priorities: dict[str, Annotated[int, Strict(), Field(ge=-1000, le=1000)]] = {}
+    fairness_header: str = "x-gateway-inference-fairness-id"
+    deadline_header: str = "x-slo-ttft-ms"
+    ordering: Literal["fcfs", "edf"] = "fcfs"  # within a flow: arrival order or deadline
+    max_queue_per_band: Annotated[Count, Field(ge=1, le=1_000_000)] = 1024
+    queue_ttl_s: Duration = 5.0  # a request queued this long gets 503 + Retry-After
+    # dispatch waits while every engine is saturated: max(waiting / queue_threshold,
+    # kv_usage / kv_threshold) >= 1, a report older than max_report_age_s counting as saturated
+    saturation_gate: bool = True
+    queue_threshold: Annotated[float, Strict(), Field(gt=0, le=1e6)] = 5.0
+    kv_threshold: Annotated[float, Strict(), Field(gt=0, le=1)] = 0.8
+    max_report_age_s: Duration = 1.0
+    poll_interval_s: Duration = 0.05  # how often a saturation-gated queue looks again
+    # drop sheddable (band < 0) arrivals with probability min(saturation^5 * 300, 1)
+    probabilistic_shedding: bool = False
+    max_bands: Annotated[Count, Field(ge=1, le=64)] = 8  # distinct bands (bounds metric labels)
+
+    @field_validator("priority_header", "fairness_header", "deadline_header")
+    @classmethod
+    def _header_name(cls, value: str) -> str:
+        lowered = value.strip().lower()
+        if not re.fullmatch(r"[a-z0-9!#$%&'*+.^_`|~-]+", lowered):
+            raise ValueError(f"{value!r} is not an HTTP header name")
+        return lowered
+
+
 _HOST_NAME = re.compile(r"[a-z0-9.-]+|\[?[0-9a-f:.]+\]?")
 
 
@@ -359,6 +396,7 @@ class NarwhalConfig(_Strict):
     recovery: RecoverySettings = RecoverySettings()
     routing: RoutingSettings = RoutingSettings()
     admission: AdmissionSettings = AdmissionSettings()
+    flow: FlowSettings = FlowSettings()
     client: ClientSettings = ClientSettings()
     tracing: TracingSettings = TracingSettings()
     engine_contract: EngineContract | None = None

@@ -54,7 +54,7 @@ from narwhal.core.requests import (
     COMPLETIONS,
 )
 from narwhal.core.stalls import StallLedger
-from narwhal.live.clock import AnyioClock
+from narwhal.live.clock import AnyioClock, EventWaiter
 from narwhal.live.engine_log import EngineEventLog
 from narwhal.live.gate import HostGate
 from narwhal.live.h1request import EdgeRequest, Response
@@ -205,7 +205,7 @@ class Router:
                 group.start_soon(guarded)
 
             traced = transport if self.tracing is None else self.tracing.wrap(transport)
-            self._ports = Ports(self.clock, traced, spawn)
+            self._ports = Ports(self.clock, traced, spawn, EventWaiter)
             self.engine_log.router_started(self.config)
             if self._announce is not None:
                 for line in await self.describe_fleet():

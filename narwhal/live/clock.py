@@ -10,6 +10,7 @@ clock is ``time.monotonic()`` too, so both agree, but nothing here depends on th
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import anyio
@@ -32,3 +33,22 @@ def to_wall(clock: AnyioClock, t: float | None) -> float | None:
     if t is None:
         return None
     return clock.wall() - (clock.now() - t)
+
+
+class EventWaiter:
+    """A queued request's wait (the core's ``Waiter``) on the router's event loop; a cancelled
+    wait (the client left) raises out of :meth:`wait` as any cancellation does."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    async def wait(self, deadline: float) -> bool:
+        if not self._event.is_set():
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+                await self._event.wait()
+        return self._event.is_set()
+
+    def wake(self) -> None:
+        self._event.set()

@@ -32,6 +32,7 @@ import anyio
 from narwhal.core import wire
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.entry import admit_and_serve
+from narwhal.core.flow import FlowHeaderError, classify
 from narwhal.core.lifecycle import serve_request
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports
@@ -122,7 +123,19 @@ class Inference:
                 router.reporter.end(served)
             return None
 
-        await admit_and_serve(request_id, arrival, router.ports, router.policies, sink, serve)
+        flow_key = None
+        flow_settings = router.config.flow
+        if flow_settings.enabled:  # queue by band and flow (narwhal.core.flow)
+            try:
+                flow_key = classify(headers, flow_settings)
+            except FlowHeaderError as bad:
+                error = wire.error_object(400, str(bad), "invalid_request_error")
+                await sink.respond(400, error, {})
+                sink.done()
+                return None
+        await admit_and_serve(
+            request_id, arrival, router.ports, router.policies, sink, serve, flow_key
+        )
         sink.done()
         return None
 
