@@ -97,10 +97,11 @@ def _simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from narwhal.sim.faults import describe
-    from narwhal.sim.results import record_rows, summarize, table, write
+    from narwhal.sim.results import table, write
     from narwhal.sim.runner import run
 
     # delay: a run of a few seconds (the default scenario) prints nothing but its summary
+    out = Path(args.out)
     saved = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
     try:
@@ -112,22 +113,22 @@ def _simulate(args: argparse.Namespace) -> int:
                 bar.total = total
                 bar.update(done - bar.n)
 
-            result = run(scenario, args.seed, progress=progress)
+            # streamed: memory stays flat however many requests the run has
+            result = run(scenario, args.seed, progress=progress, stream_to=out)
     except ValueError as error:
         print(f"narwhal simulate: {error}", file=sys.stderr)
         return 2
     finally:
         gc.set_threshold(*saved)  # the handler may run inside another program (tests)
-    out = Path(args.out)
     summary = write(result, out)
-    if not args.no_plot:
-        from narwhal.sim.plot import plot
+    if not args.no_plot:  # reads the files back: its memory grows with the run's requests
+        from narwhal.sim.plot import plot_files
 
-        plot(result, record_rows(result), summarize(result), out / "plot.png")
+        plot_files(result, summary, out)
     sys.stdout.write(table(summary))
-    rate = len(result.records) / result.wall_s if result.wall_s > 0 else 0.0
+    rate = result.finished / result.wall_s if result.wall_s > 0 else 0.0
     print(
-        f"\n{len(result.records)} requests simulated in {result.wall_s:.1f} s wall "
+        f"\n{result.finished} requests simulated in {result.wall_s:.1f} s wall "
         f"({rate:,.0f} req/s); results in {out}/"
     )
     for fault in result.unrun_faults:

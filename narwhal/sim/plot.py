@@ -14,6 +14,7 @@ seed, the success rate and SLO attainment, and the trace's source when one is us
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,14 @@ def _labels(windows: list[FaultWindow], gap_s: float) -> list[tuple[float, str]]
 
 
 def plot(
-    result: RunResult, rows: list[dict[str, Any]], summary: dict[str, Any], path: Path
+    result: RunResult,
+    rows: list[dict[str, Any]],
+    summary: dict[str, Any],
+    path: Path,
+    samples: list[dict[str, Any]] | None = None,
 ) -> None:
+    """Draw the run; ``samples`` default to the run's own (a streamed run's are on disk)."""
+    samples = result.samples if samples is None else samples
     sim = result.scenario.sim
     urls = list(result.engines)
     fig, (ax1, ax2, ax3) = plt.subplots(
@@ -112,7 +119,7 @@ def plot(
             ax2.text(  # the faults' kinds, at the band's start, above the router's bars
                 start, row + 0.28, f" {kinds}", fontsize=5.5, va="center", clip_on=True
             )
-        states = [(s["t"], s["router_state"]) for s in result.samples if s["engine"] == url]
+        states = [(s["t"], s["router_state"]) for s in samples if s["engine"] == url]
         for state, start, width in _spans(states, sim.sample_interval_s):
             if state in ROUTER_COLOURS:
                 ax2.broken_barh(
@@ -126,7 +133,7 @@ def plot(
     ax2.legend(handles, [*ROUTER_COLOURS, "engine fault"], fontsize=7, ncol=5, **LEGEND_ABOVE)
 
     for url in urls:
-        pts = [(s["t"], s["decoding"]) for s in result.samples if s["engine"] == url]
+        pts = [(s["t"], s["decoding"]) for s in samples if s["engine"] == url]
         if any(v for _, v in pts):
             ax3.plot(
                 [t for t, _ in pts], [v for _, v in pts], lw=0.8, label=url.removeprefix("http://")
@@ -148,3 +155,36 @@ def plot(
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
+
+
+def _number(text: str) -> float | None:
+    return float(text) if text else None
+
+
+def plot_files(result: RunResult, summary: dict[str, Any], out: Path) -> None:
+    """Draw ``out/plot.png`` from the run's ``records.csv`` and ``timeline.csv`` (a streamed run
+    keeps neither in memory; this reads back what the plot shows)."""
+    with (out / "records.csv").open(newline="", encoding="utf-8") as handle:
+        rows = [
+            {
+                "arrival": float(r["arrival"]),
+                "status": int(r["status"]) if r["status"] else None,
+                "first_byte_s": _number(r["first_byte_s"]),
+                "finished_s": _number(r["finished_s"]),
+            }
+            for r in csv.DictReader(handle)
+        ]
+    samples: list[dict[str, Any]] = []
+    timeline = out / "timeline.csv"
+    if timeline.exists():
+        with timeline.open(newline="", encoding="utf-8") as handle:
+            samples = [
+                {
+                    "t": float(s["t"]),
+                    "engine": s["engine"],
+                    "router_state": s["router_state"],
+                    "decoding": int(s["decoding"]),
+                }
+                for s in csv.DictReader(handle)
+            ]
+    plot(result, rows, summary, out / "plot.png", samples)

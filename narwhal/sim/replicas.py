@@ -114,23 +114,37 @@ class RouterReplicas:
         )
 
 
+class ReplicaCounts:
+    """Per replica: requests served, succeeded and attempts that failed, counted as records
+    come in."""
+
+    def __init__(self, members: int) -> None:
+        self.members = members
+        self.requests = [0] * members
+        self.succeeded = [0] * members
+        self.failed_attempts = [0] * members
+
+    def add(self, replica: int, record: RequestRecord) -> None:
+        ok = record.status == 200
+        self.requests[replica] += 1
+        self.succeeded[replica] += ok
+        self.failed_attempts[replica] += record.attempts - (1 if ok else 0)
+
+    def summary(self, ejections: list[int]) -> dict[str, Any]:
+        return {
+            "count": self.members,
+            "requests": self.requests,
+            "succeeded": self.succeeded,
+            "failed_attempts": self.failed_attempts,
+            "ejections": ejections,
+        }
+
+
 def replica_summary(
     replica_of: dict[str, int], records: list[RequestRecord], members: int, ejections: list[int]
 ) -> dict[str, Any]:
     """Per replica: requests served, succeeded, attempts that failed, and ejections."""
-    requests = [0] * members
-    succeeded = [0] * members
-    failed_attempts = [0] * members
+    counts = ReplicaCounts(members)
     for record in records:
-        k = replica_of.get(record.request_id, 0)
-        requests[k] += 1
-        ok = record.status == 200
-        succeeded[k] += ok
-        failed_attempts[k] += record.attempts - (1 if ok else 0)
-    return {
-        "count": members,
-        "requests": requests,
-        "succeeded": succeeded,
-        "failed_attempts": failed_attempts,
-        "ejections": ejections,
-    }
+        counts.add(replica_of.get(record.request_id, 0), record)
+    return counts.summary(ejections)

@@ -16,6 +16,11 @@ requests on time. DistServe's goodput is the highest request rate whose attainme
 90%; it needs a sweep of rates (:func:`goodput_sweep`), so a single run reports its attainment
 and whether it meets that bar, plus the on-time rate.
 
+A streamed run (``run(..., stream_to=DIR)``, :mod:`narwhal.sim.streaming`) has already
+written its rows, timeline and decisions; its summary comes from the counts kept as rows passed
+and from percentiles selected exactly by re-reading ``records.csv``, so both kinds of run give
+the same bytes.
+
 Files: ``records.csv``, ``summary.json``, ``timeline.csv`` (per-engine samples),
 ``conditions.csv`` (engine-side fault states), ``faults.csv``, ``decisions.jsonl`` (the core's
 decision log, one JSON object per line, for the sim-versus-live parity test) and
@@ -28,6 +33,7 @@ import csv
 import io
 import json
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,104 +41,51 @@ from narwhal.sim.replicas import replica_summary
 from narwhal.sim.runner import RunResult, run
 from narwhal.sim.scenario import Scenario
 from narwhal.sim.shared_context import SharedContextSettings
+from narwhal.sim.streaming import (
+    PERCENTILE_KEYS,
+    RECORD_FIELDS,
+    UNFINISHED,
+    RowStats,
+    exact_percentiles,
+    read_percentile_columns,
+    record_row,
+    round6,
+    unfinished_row,
+)
 from narwhal.sim.workload import trace_citation
 
 GOODPUT_ATTAINMENT = 0.9  # DistServe's bar
-UNFINISHED = "unfinished"  # the outcome of a request still running when the run stopped
-RECORD_FIELDS = (
-    "request_id",
-    "arrival",
-    "status",
-    "outcome",
-    "committed",
-    "ttft_s",
-    "first_byte_s",
-    "tpot_s",
-    "finished_s",
-    "attempts",
-    "engines",
-    "prompt_tokens",
-    "output_tokens",
-    "delivered_tokens",
-    "output_events",
-    "resumes",
-    "resume_refused",
-    "error",
-)
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 6)
+__all__ = [
+    "GOODPUT_ATTAINMENT",
+    "RECORD_FIELDS",
+    "UNFINISHED",
+    "engine_settings",
+    "goodput",
+    "goodput_sweep",
+    "percentile",
+    "prefix_cache_hit_rate",
+    "record_rows",
+    "summarize",
+    "table",
+    "write",
+]
 
 
 def record_rows(result: RunResult) -> list[dict[str, Any]]:
     """One row per arrival, in arrival order; a request the run stopped before it ended (at
-    ``sim.max_sim_s``) is a row with outcome ``unfinished`` and no status."""
-    rows: list[tuple[int, dict[str, Any]]] = []
-    delivered = _delivered_by_attempt(result.delivered)
+    ``sim.max_sim_s``) is a row with outcome ``unfinished`` and no status. A streamed run has
+    its rows in ``records.csv`` only."""
+    if result.streamed is not None:
+        raise ValueError("a streamed run's rows are in its records.csv")
+    delivered = {rid.rsplit("-", 1)[0]: n for rid, n in result.delivered.items()}
+    rows: dict[int, dict[str, Any]] = {}
     for record in result.records:
         index = int(record.request_id.rsplit("-", 1)[1])
-        arrival = result.arrivals[index]
-        tpot = None
-        got = delivered.get(f"{record.request_id}-d{record.attempts}")
-        if record.resumes and got is not None:  # the client got every leg's since the commit
-            first = record.attempts - record.resumes
-            legs = range(first, record.attempts + 1)
-            got = sum(delivered.get(f"{record.request_id}-d{a}", 0) for a in legs)
-        if record.status != 200:
-            got = None
-        elif record.first_byte_s is not None and got is not None and got > 1:
-            tpot = (record.finished_s - record.first_byte_s) / (got - 1)
-        rows.append(
-            (
-                index,
-                {
-                    "request_id": record.request_id,
-                    "arrival": _round(record.arrival),
-                    "status": record.status,
-                    "outcome": record.outcome,
-                    "committed": record.committed,
-                    "ttft_s": _round(record.ttft_s),
-                    "first_byte_s": _round(record.first_byte_s),
-                    "tpot_s": _round(tpot),
-                    "finished_s": _round(record.finished_s),
-                    "attempts": record.attempts,
-                    "engines": " ".join(record.engines),
-                    "prompt_tokens": arrival.prompt,
-                    "output_tokens": arrival.output,
-                    "delivered_tokens": got,
-                    "output_events": record.output_tokens,
-                    "resumes": record.resumes,
-                    "resume_refused": record.resume_refused,
-                    "error": record.error,
-                },
-            )
-        )
-    done = {index for index, _ in rows}
-    for index, arrival in enumerate(result.arrivals):
-        if index not in done:
-            row = dict.fromkeys(RECORD_FIELDS)
-            row.update(
-                request_id=f"req-{index}",
-                arrival=_round(arrival.t),
-                outcome=UNFINISHED,
-                committed=False,
-                attempts=0,
-                engines="",
-                prompt_tokens=arrival.prompt,
-                output_tokens=arrival.output,
-                output_events=0,
-                resumes=0,
-            )
-            rows.append((index, row))
-    rows.sort(key=lambda item: item[0])
-    return [row for _, row in rows]
-
-
-def _delivered_by_attempt(delivered: dict[str, int]) -> dict[str, int]:
-    """``"<request>-d<attempt>"`` -> tokens, from the engines' decode request ids (the core's
-    ``Policies.new_id`` adds ``-<hex>`` to that prefix)."""
-    return {rid.rsplit("-", 1)[0]: n for rid, n in delivered.items()}
+        rows[index] = record_row(record, result.arrivals[index], delivered)
+    return [
+        rows[index] if index in rows else unfinished_row(index, arrival)
+        for index, arrival in enumerate(result.arrivals)
+    ]
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -147,56 +100,63 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    rows = rows if rows is not None else record_rows(result)
     sim = result.scenario.sim
-    n = len(rows)
-    ok = [r for r in rows if r["status"] == 200]
-    on_time = [
-        r
-        for r in ok
-        if r["first_byte_s"] is not None
-        and r["first_byte_s"] <= sim.slo_ttft_s
-        and (r["tpot_s"] is None or r["tpot_s"] <= sim.slo_tpot_s)
-    ]
-    span = (result.arrivals[-1].t - result.arrivals[0].t) if len(result.arrivals) > 1 else 0.0
+    streamed = result.streamed
+    if streamed is not None:
+        stats, decisions = streamed.stats, streamed.decision_kinds
+        path = streamed.out / "records.csv"
+
+        def columns() -> Iterable[tuple[float | None, ...]]:
+            return read_percentile_columns(path)  # re-read: the rows are not held
+
+    else:
+        rows = rows if rows is not None else record_rows(result)
+        stats = RowStats(sim.slo_ttft_s, sim.slo_tpot_s)
+        for row in rows:
+            stats.add(row)
+        decisions = Counter(d["kind"] for d in result.decisions)
+        kept = rows
+
+        def columns() -> Iterable[tuple[float | None, ...]]:
+            return (tuple(r[k] for k in PERCENTILE_KEYS) for r in kept if r["status"] == 200)
+
+    n = stats.rows
+    span = result.last_arrival_s - result.first_arrival_s if result.requests > 1 else 0.0
+    found = exact_percentiles(
+        columns,
+        [stats.counts[k] for k in PERCENTILE_KEYS],
+        [stats.largest[k] for k in PERCENTILE_KEYS],
+        (50.0, 99.0),
+    )
+    pcts = {
+        key: [round6(v) for v in values] for key, values in zip(PERCENTILE_KEYS, found, strict=True)
+    }
 
     def pct(key: str, q: float) -> float | None:
-        return _round(percentile([r[key] for r in ok if r[key] is not None], q))
+        return pcts[key][0 if q == 50 else 1]
 
-    attainment = len(on_time) / n if n else 0.0
-    decisions = Counter(d["kind"] for d in result.decisions)
+    attainment = stats.on_time / n if n else 0.0
     engines = result.engines
     summary: dict[str, Any] = {
         "scenario": result.scenario.name,
         "seed": result.seed,
         "requests": n,
         "stream": result.scenario.workload.stream,  # False: clients get whole responses
-        "succeeded": len(ok),
-        "success_pct": round(100.0 * len(ok) / n, 3) if n else 0.0,
-        "statuses": {
-            str(k): v
-            for k, v in sorted(
-                Counter(r["status"] for r in rows if r["status"] is not None).items()
-            )
-        },
-        "unfinished": sum(1 for r in rows if r["outcome"] == UNFINISHED),
-        "errors_by_class": dict(
-            sorted(
-                Counter(
-                    r["outcome"] for r in rows if r["status"] != 200 and r["outcome"] != UNFINISHED
-                ).items()
-            )
-        ),
-        "retried_requests": sum(1 for r in rows if r["attempts"] > 1),
+        "succeeded": stats.succeeded,
+        "success_pct": round(100.0 * stats.succeeded / n, 3) if n else 0.0,
+        "statuses": {str(k): v for k, v in sorted(stats.statuses.items())},
+        "unfinished": stats.unfinished,
+        "errors_by_class": dict(sorted(stats.errors.items())),
+        "retried_requests": stats.retried,
         "offered_rps": round(n / span, 3) if span > 0 else None,
         "ttft_s": {"p50": pct("ttft_s", 50), "p99": pct("ttft_s", 99)},
         "first_byte_s": {"p50": pct("first_byte_s", 50), "p99": pct("first_byte_s", 99)},
         "tpot_s": {"p50": pct("tpot_s", 50), "p99": pct("tpot_s", 99)},
         "slo": {"ttft_s": sim.slo_ttft_s, "tpot_s": sim.slo_tpot_s},
-        "on_time": len(on_time),
+        "on_time": stats.on_time,
         "slo_attainment_pct": round(100.0 * attainment, 3),
         "meets_goodput_bar": attainment >= GOODPUT_ATTAINMENT,
-        "on_time_rps": round(len(on_time) / span, 3) if span > 0 else None,
+        "on_time_rps": round(stats.on_time / span, 3) if span > 0 else None,
         "ejections": sum(e["times_ejected"] for e in engines.values()),
         "ejections_by_engine": {
             u: e["times_ejected"] for u, e in engines.items() if e["times_ejected"]
@@ -208,7 +168,7 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         "preemptions": sum(e["preemptions"] for e in engines.values()),
         "prefix_cache_hit_rate": prefix_cache_hit_rate(engines),
         "fault_windows": len(result.fault_windows),
-        "sim_time_s": _round(result.sim_end_s),
+        "sim_time_s": round6(result.sim_end_s),
         "engine_utilization": {
             u: round(e["busy_s"] / result.sim_end_s, 4) if result.sim_end_s else 0.0
             for u, e in engines.items()
@@ -216,19 +176,20 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
     }
     summary.update(engine_settings(result))
     if result.scenario.router.recovery.resume_streams:  # [recovery] resume_streams
-        refused = Counter(r["resume_refused"] for r in rows if r.get("resume_refused"))
-        summary["resumed_requests"] = sum(1 for r in rows if r["resumes"])
-        summary["resume_refused"] = dict(sorted(refused.items()))
+        summary["resumed_requests"] = stats.resumed
+        summary["resume_refused"] = dict(sorted(stats.resume_refused.items()))
     if result.replica_ejections:  # several router replicas ([router] replicas > 1)
-        summary["replicas"] = {
-            "spread": result.scenario.replicas.spread,
-            **replica_summary(
+        per_replica = (
+            streamed.replica_counts.summary(result.replica_ejections)
+            if streamed is not None
+            else replica_summary(
                 result.replica_of,
                 result.records,
                 len(result.replica_ejections),
                 result.replica_ejections,
-            ),
-        }
+            )
+        )
+        summary["replicas"] = {"spread": result.scenario.replicas.spread, **per_replica}
     workload = result.scenario.workload
     if workload.kind == "trace" or (
         workload.kind in ("poisson", "gamma") and workload.prompt is None
@@ -355,11 +316,16 @@ def _csv(rows: list[dict[str, Any]], fields: tuple[str, ...] | list[str]) -> str
 
 
 def write(result: RunResult, out: Path) -> dict[str, Any]:
-    """Write every result file into ``out``; returns the summary."""
+    """Write every result file into ``out`` (a streamed run has written its records, timeline
+    and decisions there already); returns the summary."""
+    streamed = result.streamed is not None
+    if result.streamed is not None and result.streamed.out.resolve() != out.resolve():
+        raise ValueError(f"the run was streamed to {result.streamed.out}, not {out}")
     out.mkdir(parents=True, exist_ok=True)
-    rows = record_rows(result)
+    rows = None if streamed else record_rows(result)
     summary = summarize(result, rows)
-    (out / "records.csv").write_text(_csv(rows, RECORD_FIELDS), "utf-8")
+    if rows is not None:
+        (out / "records.csv").write_text(_csv(rows, RECORD_FIELDS), "utf-8")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", "utf-8")
     (out / "summary.txt").write_text(table(summary), "utf-8")
     if result.samples:
@@ -374,9 +340,10 @@ def write(result: RunResult, out: Path) -> dict[str, Any]:
         ),
         "utf-8",
     )
-    with (out / "decisions.jsonl").open("w", encoding="utf-8") as handle:
-        for decision in result.decisions:
-            handle.write(json.dumps(decision, sort_keys=True) + "\n")
+    if not streamed:
+        with (out / "decisions.jsonl").open("w", encoding="utf-8") as handle:
+            for decision in result.decisions:
+                handle.write(json.dumps(decision, sort_keys=True) + "\n")
     return summary
 
 

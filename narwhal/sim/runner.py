@@ -13,7 +13,10 @@ record the core hands to ``policies.on_record``. A sampler process snapshots eve
 engine (router-side breaker state and reservations, engine-side condition and queues) every
 ``sim.sample_interval_s``. The run ends when the last request has its record (the maintenance
 loop is then told to stop) or at ``sim.max_sim_s``: a request still running then has no record,
-even if its coroutine, closed later by the garbage collector, hands one in.
+even if its coroutine, closed later by the garbage collector, hands one in. A streamed run
+(``stream_to``) generates its arrivals as they come due (after a first pass that only counts
+them, with a copy of the workload RNG, for the run's size and the faults' horizon) and hands each
+record, sample and decision to a :class:`~narwhal.sim.streaming.StreamRecorder` as it is made.
 :class:`RunResult` carries everything :mod:`narwhal.sim.results` needs.
 """
 
@@ -21,10 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import simpy
@@ -44,8 +49,9 @@ from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.loadreports import start_load_reports
 from narwhal.sim.replicas import RouterReplicas
 from narwhal.sim.scenario import Scenario
+from narwhal.sim.streaming import StreamRecorder
 from narwhal.sim.timing import LinearStepTiming
-from narwhal.sim.workload import Arrival, generate
+from narwhal.sim.workload import Arrival, arrivals, generate, no_requests
 
 
 @dataclass
@@ -71,6 +77,14 @@ class RunResult:
     policy_seed: int = 0  # the router's seed (``Policies(seed=...)``) derived from ``seed``
     # scheduled faults the run ended before (they never happened: callers warn about them)
     unrun_faults: list[FaultSpec] = field(default_factory=list)
+    requests: int = 0  # arrivals in the run (finished or not)
+    finished: int = 0  # requests with a record
+    first_arrival_s: float = 0.0
+    last_arrival_s: float = 0.0
+    # a streamed run (``run(..., stream_to=DIR)``): records, samples and decisions are in its
+    # files, not in this object (``records``, ``arrivals``, ``samples``, ``decisions`` and
+    # ``delivered`` are empty), and its counts are here
+    streamed: StreamRecorder | None = field(default=None, compare=False)
 
 
 def run(
@@ -79,10 +93,14 @@ def run(
     *,
     log: DecisionLog | None = None,
     progress: Callable[[int, int], None] | None = None,
+    stream_to: Path | None = None,
 ) -> RunResult:
     """Simulate ``scenario`` (with ``seed`` overriding ``[sim].seed``). ``progress``, if given,
     is called with (requests finished, requests in the run) as each request ends; it only
-    watches, so the run is the same with or without it."""
+    watches, so the run is the same with or without it. With ``stream_to``, the run writes
+    ``records.csv``, ``timeline.csv`` and ``decisions.jsonl`` there as it goes, generates its
+    arrivals as they come due and keeps nothing of a request once it has finished, so its
+    memory does not grow with its number of requests (:mod:`narwhal.sim.streaming`)."""
     wall_start = time.perf_counter()
     scenario = scenario.with_seed(seed)
     sim, fleet, config = scenario.sim, scenario.fleet, scenario.router
@@ -123,18 +141,48 @@ def run(
     log = log if log is not None else DecisionLog(enabled=sim.decision_log)
     records: list[RequestRecord] = []
     stopped = False  # the run is over: records handed in later are not the run's
-    arrivals = generate(scenario.workload, workload_rng)
-    total = len(arrivals)
+    workload = scenario.workload
+    kept: list[Arrival] = []  # every arrival, unless streamed
+    if stream_to is None:
+        kept = generate(workload, workload_rng)
+        source: Iterator[Arrival] = iter(kept)
+        total, first_t, last_t = len(kept), kept[0].t, kept[-1].t
+    else:  # count them with a copy of the RNG, then make them again as they come due
+        counting = random.Random()
+        counting.setstate(workload_rng.getstate())
+        total, first_t, last_t = 0, 0.0, 0.0
+        for arrival in arrivals(workload, counting):
+            if not total:
+                first_t = arrival.t
+            total, last_t = total + 1, arrival.t
+        if not total:
+            raise no_requests(workload)
+        source = arrivals(workload, workload_rng)
     all_done = env.event()
+    streamer = (
+        StreamRecorder(stream_to, sim.slo_ttft_s, sim.slo_tpot_s, scenario.replicas.replicas)
+        if stream_to is not None
+        else None
+    )
+    finished = [0]  # requests with a record
 
     def on_record(record: RequestRecord) -> None:
         if stopped:  # a request the end of the run cut off, closed later (by the collector)
             return
-        records.append(record)
+        if streamer is None:
+            records.append(record)
+        else:
+            replica = replicas.replica_of.pop(record.request_id, 0) if several else 0
+            streamer.finish(record, replica)
+        finished[0] += 1
         if progress is not None:
-            progress(len(records), total)
-        if len(records) == total and not all_done.triggered:
+            progress(finished[0], total)
+        if finished[0] == total and not all_done.triggered:
             all_done.succeed()
+
+    if streamer is not None:
+        for engine in engines.values():
+            engine.totals.on_delivered = streamer.deliver
 
     replicas = RouterReplicas(
         scenario.replicas,
@@ -144,9 +192,14 @@ def run(
         on_record=on_record,
         block_chain=sim_block_chain(params.block_size),
     )
+    several = len(replicas.members) > 1
+    if streamer is not None:
+        for k, replica_log in enumerate(replicas.logs):
+            replica_log.on_decision = streamer.decision_sink(k)
+            replica_log.keep = 1  # what it adds is on disk
     start_kv_events(env, engines, replicas.members, sim.kv_event_delay_s)
     ports = make_ports(env, engines)
-    horizon = (arrivals[-1].t if arrivals else 0.0) + config.engine.request_timeout_s
+    horizon = last_t + config.engine.request_timeout_s
     roles = {e.url: e.role.value for e in config.engines}
     windows = expand(list(scenario.faults), roles, horizon, fault_rng)
     install(env, engines, windows)
@@ -168,11 +221,19 @@ def run(
     stream = scenario.workload.stream
     model = fleet.model
 
+    upcoming: list[Arrival] = []  # the arrival feed() waits to start (taken from source)
+    fed = [0]  # arrivals started
+
     def feed() -> Any:
-        for i, arrival in enumerate(arrivals):
+        for i, arrival in enumerate(source):
             delay = arrival.t - env.now
             if delay > 0:
+                upcoming.append(arrival)
                 yield env.timeout(delay)
+                upcoming.clear()
+            fed[0] = i + 1
+            if streamer is not None:
+                streamer.start(i, arrival)
             # one token per character plus BOS; the content identity written in the text
             text = prompt_text(arrival.prompt, arrival.prefix, i)
             if endpoint == CHAT:
@@ -193,7 +254,7 @@ def run(
             )
 
     samples: list[dict[str, Any]] = []
-    first, several = replicas.members[0], len(replicas.members) > 1
+    first = replicas.members[0]
 
     def sample() -> Any:
         while True:
@@ -212,7 +273,10 @@ def run(
                 }
                 if several:
                     sample["ejected_by"] = replicas.ejected_by(url, now)
-                samples.append(sample)
+                if streamer is None:
+                    samples.append(sample)
+                else:
+                    streamer.sample(sample)
             yield env.timeout(sim.sample_interval_s)
 
     env.process(feed())
@@ -221,6 +285,10 @@ def run(
         env.run(until=env.any_of([all_done, env.timeout(sim.max_sim_s)]))
     stopped = True
     end = float(env.now)
+    if streamer is not None:  # rows for the requests the end cut off, and those never started
+        for replica_log in replicas.logs:  # a coroutine closed later adds nothing to the files
+            replica_log.on_decision = None
+        streamer.close(itertools.chain(upcoming, source), fed[0])
     windows = [w for w in windows if w.start < end]  # those past the end never happened
     unrun = past_the_end(list(scenario.faults), end)
     totals = {
@@ -239,12 +307,12 @@ def run(
     return RunResult(
         scenario=scenario,
         seed=sim.seed,
-        arrivals=arrivals,
+        arrivals=kept,
         records=records,
         fault_windows=windows,
         samples=samples,
         conditions=conditions,
-        decisions=replicas.decisions(),
+        decisions=replicas.decisions() if streamer is None else [],
         engines=totals,
         sim_end_s=end,
         delivered={rid: n for e in engines.values() for rid, n in e.totals.delivered.items()},
@@ -257,4 +325,9 @@ def run(
         ]
         if several
         else [],
+        requests=total,
+        finished=finished[0],
+        first_arrival_s=first_t,
+        last_arrival_s=last_t,
+        streamed=streamer,
     )

@@ -57,6 +57,7 @@ __all__ = [
     "Arrival",
     "LengthDist",
     "WorkloadSettings",
+    "arrivals",
     "generate",
     "load_trace",
     "trace_citation",
@@ -275,8 +276,9 @@ def _log(w: WorkloadSettings) -> Iterator[Arrival]:
         yield Arrival(t, prompt, output, prefix)
 
 
-def generate(w: WorkloadSettings, rng: random.Random) -> list[Arrival]:
-    """Every arrival of the workload, in time order."""
+def arrivals(w: WorkloadSettings, rng: random.Random) -> Iterator[Arrival]:
+    """The workload's arrivals in time order, made one at a time (a run of millions of requests
+    never holds them all); empty when the workload has none."""
     source: Iterator[Arrival]
     if w.kind == "fixed":
         source = _fixed(w)
@@ -290,17 +292,27 @@ def generate(w: WorkloadSettings, rng: random.Random) -> list[Arrival]:
         source = _log(w)
     else:
         source = _synthetic(w, rng)
-    out: list[Arrival] = []
-    for arrival in source:
+    for count, arrival in enumerate(source):
         if w.duration_s is not None and arrival.t >= w.duration_s:
-            break
-        if w.max_requests is not None and len(out) >= w.max_requests:
-            break
+            return
+        if w.max_requests is not None and count >= w.max_requests:
+            return
         if arrival.prompt > w.max_prompt_tokens:
             prefix = _clamped(arrival.prefix, w.max_prompt_tokens)
-            arrival = Arrival(arrival.t, w.max_prompt_tokens, arrival.output, prefix)
-        out.append(arrival)
+            yield Arrival(arrival.t, w.max_prompt_tokens, arrival.output, prefix)
+        else:
+            yield arrival
+
+
+def no_requests(w: WorkloadSettings) -> ValueError:
+    """The error for a workload with no arrivals."""
+    window = f" after start_s = {w.start_s:g} s" if w.kind == "trace" else ""
+    return ValueError(f"the workload has no requests{window}: nothing to simulate")
+
+
+def generate(w: WorkloadSettings, rng: random.Random) -> list[Arrival]:
+    """Every arrival of the workload, in time order."""
+    out = list(arrivals(w, rng))
     if not out:
-        window = f" after start_s = {w.start_s:g} s" if w.kind == "trace" else ""
-        raise ValueError(f"the workload has no requests{window}: nothing to simulate")
+        raise no_requests(w)
     return out

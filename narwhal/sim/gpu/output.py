@@ -55,7 +55,7 @@ class StreamWriter:
                     seq.chunk_tokens, seq.chunk = n, data
             stream.buffer.append((now, data))
         if final:
-            self.totals.delivered[seq.rid] = seq.emitted
+            self.totals.deliver(seq.rid, seq.emitted)
             stream.buffer.append((now, DONE))
             stream.ended = EOF
         if stream.waiter is not None and (final or first or not self.coalesce_reads):
@@ -73,7 +73,7 @@ class StreamWriter:
             self.emit(seq, final=False, now=now)
             seq.gen = generated
             seq.fault = (kind, after)
-        self.totals.delivered[seq.rid] = seq.emitted  # what went out before the fault
+        self.totals.deliver(seq.rid, seq.emitted)  # what went out before the fault
         if kind == "stall":  # the stream stays open and says nothing more
             return kind
         if kind == "early_done":

@@ -3,6 +3,8 @@ totals and the deliveries the results report)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class EngineTotals:
     """Counters that outlive an engine process (a crash starts a new scheduler, not these)."""
@@ -10,6 +12,7 @@ class EngineTotals:
     __slots__ = (
         "busy_s",
         "delivered",
+        "on_delivered",
         "preemptions",
         "prefix_cache_hits",
         "prefix_cache_queries",
@@ -30,3 +33,13 @@ class EngineTotals:
         # what the client got, which an early [DONE] makes fewer than max_tokens (a resumed
         # stream's client got the sum over its legs)
         self.delivered: dict[str, int] = {}
+        # when set, deliveries go here instead of into ``delivered`` (a streaming run keeps
+        # them only while their request is running: narwhal.sim.streaming)
+        self.on_delivered: Callable[[str, int], None] | None = None
+
+    def deliver(self, rid: str, tokens: int) -> None:
+        """The stream of ``rid`` ended cleanly after ``tokens`` tokens."""
+        if self.on_delivered is not None:
+            self.on_delivered(rid, tokens)
+        else:
+            self.delivered[rid] = tokens
