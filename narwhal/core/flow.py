@@ -31,6 +31,7 @@ dispatch but never stop it.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 from collections import deque
@@ -201,6 +202,7 @@ class FlowControl:
         self._order = 0
         self.queued = 0
         self.stats: dict[int, BandStats] = {}
+        self._dispatch_times: deque[float] = deque()  # recent dispatches, oldest first
         self.poller_running = False  # a driver's loop re-pumps while the gate is shut
 
     def band_label(self, priority: int) -> int:
@@ -283,6 +285,7 @@ class FlowControl:
             ticket = self._bands[priority].pop()
             self.queued -= 1
             ticket.state = "dispatched"
+            self._dispatch_times.append(now)
             stats = self._stats(priority)
             stats.dispatched += 1
             stats.wait_s_total += now - ticket.arrival
@@ -297,15 +300,23 @@ class FlowControl:
         settings = self.settings
         best: dict[bool, float] = {}  # producer side (True) / consumer side (False)
         reported = False
-        for url, role in self._engines():
+        # requests dispatched since a report are not in it yet: each counts as waiting on
+        # one engine of the side (spread evenly), as least_loaded counts its placements
+        dispatched = self._dispatch_times
+        horizon = now - settings.max_report_age_s
+        while dispatched and dispatched[0] < horizon:
+            dispatched.popleft()
+        engines, sides = self._engine_roles()
+        for url, role in engines:
             latest = self._reports.latest(url) if self._reports.tracks(url) else None
             reported = reported or latest is not None
             if latest is None or now - latest.at > settings.max_report_age_s:
                 level = 1.0
             else:
                 load = latest.load
+                since = len(dispatched) - bisect.bisect_right(dispatched, latest.at)
                 level = max(
-                    load.num_requests_waiting / settings.queue_threshold,
+                    (load.num_requests_waiting + since / sides[role]) / settings.queue_threshold,
                     load.kv_cache_usage_perc / settings.kv_threshold,
                 )
             for side, serves in ((True, role.produces), (False, role.consumes)):
@@ -314,6 +325,19 @@ class FlowControl:
         if not reported or not best:
             return None
         return max(best.values())
+
+    def _engine_roles(self) -> tuple[list[tuple[str, Role]], dict[Role, int]]:
+        """The engines, and per role how many engines share a dispatch of its side."""
+        engines = list(self._engines())
+        producers = sum(1 for _, role in engines if role.produces) or 1
+        consumers = sum(1 for _, role in engines if role.consumes) or 1
+        sides = {
+            role: min(
+                producers if role.produces else consumers, consumers if role.consumes else producers
+            )
+            for _, role in engines
+        }
+        return engines, sides
 
     def snapshot(self) -> dict[str, dict[str, object]]:
         """Per band: queue length, queued, dispatched, mean wait and refusals (``/status``)."""
