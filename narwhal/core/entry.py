@@ -109,8 +109,8 @@ async def admit_and_serve(
         return await serve()
     finally:
         admission.release()
-        if flow.queued:
-            flow.pump(ports.clock.now())
+        if flow.enabled:
+            flow.released(ports.clock.now())
 
 
 def shed_message(reason: str, policies: Policies) -> str:
@@ -157,7 +157,7 @@ async def _queue(
     finally:
         if not served and ticket.dispatched:  # cancelled once dispatched: give its slot back
             policies.admission.release()
-            flow.pump(ports.clock.now())
+            flow.released(ports.clock.now())
         flow.expire(ticket, ports.clock.now(), CLIENT_GONE)  # nothing once it left the queue
     return None
 

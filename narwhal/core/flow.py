@@ -203,6 +203,7 @@ class FlowControl:
         self.queued = 0
         self.stats: dict[int, BandStats] = {}
         self._dispatch_times: deque[float] = deque()  # recent dispatches, oldest first
+        self._release_times: deque[float] = deque()  # recent ends of dispatched requests
         self.poller_running = False  # a driver's loop re-pumps while the gate is shut
 
     def band_label(self, priority: int) -> int:
@@ -294,18 +295,26 @@ class FlowControl:
                 ticket.waiter.wake()
         return dispatched
 
+    def released(self, now: float) -> None:
+        """A request this router dispatched has ended (its slot is free): pump the queue."""
+        self._release_times.append(now)
+        if self.queued:
+            self.pump(now)
+
     def saturation(self, now: float) -> float | None:
         """The fleet's saturation (the best engine of the bottleneck role; 1 or more:
         saturated), or None when no engine has ever reported (fail-open)."""
         settings = self.settings
         best: dict[bool, float] = {}  # producer side (True) / consumer side (False)
         reported = False
-        # requests dispatched since a report are not in it yet: each counts as waiting on
-        # one engine of the side (spread evenly), as least_loaded counts its placements
+        # a report cannot show the requests dispatched since it was taken: those beyond the
+        # ones that finished since count as waiting, spread evenly over the engines of a side
         dispatched = self._dispatch_times
         horizon = now - settings.max_report_age_s
-        while dispatched and dispatched[0] < horizon:
-            dispatched.popleft()
+        released = self._release_times
+        for times in (dispatched, released):
+            while times and times[0] < horizon:
+                times.popleft()
         engines, sides = self._engine_roles()
         for url, role in engines:
             latest = self._reports.latest(url) if self._reports.tracks(url) else None
@@ -315,6 +324,8 @@ class FlowControl:
             else:
                 load = latest.load
                 since = len(dispatched) - bisect.bisect_right(dispatched, latest.at)
+                since -= len(released) - bisect.bisect_right(released, latest.at)
+                since = max(0, since)
                 level = max(
                     (load.num_requests_waiting + since / sides[role]) / settings.queue_threshold,
                     load.kv_cache_usage_perc / settings.kv_threshold,
