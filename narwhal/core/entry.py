@@ -63,6 +63,8 @@ async def refuse(
         deadline = min(deadline, ports.clock.now() + config.client.write_timeout_s)
     try:
         headers = {"retry-after": str(admission.retry_after_s)}
+        if shed == CLIENT_GONE:  # it left while queued: nobody to answer
+            raise ClientGone()
         if await sink.respond(status, failure.error_body(), headers, deadline) is not None:
             status, outcome = CLIENT_GONE_STATUS, "client_gone"  # it never read the refusal
     except ClientGone:
@@ -122,6 +124,7 @@ def shed_message(reason: str, policies: Policies) -> str:
         QUEUE_TTL: f"it waited in the queue past flow.queue_ttl_s ({flow.queue_ttl_s:g} s) or "
         "its deadline",
         PROBABILISTIC: "it is sheddable and the fleet is saturated (flow.probabilistic_shedding)",
+        CLIENT_GONE: "its client left while it was queued",
     }[reason]
     retry = policies.admission.retry_after_s
     return f"flow control shed the request ({reason}): {why}; retry after {retry} s"
@@ -131,8 +134,8 @@ async def _queue(
     request_id: str, arrival: float, key: FlowKey, ports: Ports, policies: Policies
 ) -> str | None:
     """Wait in flow control's queue until dispatched (None: the request holds an admission
-    slot) or refused (the reason). A client that leaves while queued (the driver cancels the
-    wait) takes its ticket out of the queue."""
+    slot) or refused (the reason). A client that leaves while queued (its wait raises
+    ``ClientGone``, or the driver cancels it) takes its ticket out of the queue."""
     flow = policies.flow
     now = ports.clock.now()
     deadline = arrival + policies.config.engine.request_timeout_s
@@ -154,6 +157,8 @@ async def _queue(
                 flow.expire(ticket, ports.clock.now(), QUEUE_TTL)
                 return QUEUE_TTL
         served = True
+    except ClientGone:
+        return CLIENT_GONE
     finally:
         if not served and ticket.dispatched:  # cancelled once dispatched: give its slot back
             policies.admission.release()

@@ -15,6 +15,8 @@ import time
 
 import anyio
 
+from narwhal.core.ports import ClientGone
+
 
 class AnyioClock:
     """``now()`` monotonic seconds, ``wall()`` seconds since the epoch, ``sleep()`` via anyio."""
@@ -36,18 +38,29 @@ def to_wall(clock: AnyioClock, t: float | None) -> float | None:
 
 
 class EventWaiter:
-    """A queued request's wait (the core's ``Waiter``) on the router's event loop; a cancelled
-    wait (the client left) raises out of :meth:`wait` as any cancellation does."""
+    """A queued request's wait (the core's ``Waiter``) on the router's event loop. Given the
+    request's connection-closed future, a client that leaves while queued ends the wait with
+    ``ClientGone`` (the server's cancellation scope covers only serving)."""
 
-    __slots__ = ("_event",)
+    __slots__ = ("_event", "_gone")
 
-    def __init__(self) -> None:
+    def __init__(self, closed: asyncio.Future[None] | None = None) -> None:
         self._event = asyncio.Event()
+        self._gone = False
+        if closed is not None:
+            closed.add_done_callback(self._on_close)
+
+    def _on_close(self, _: asyncio.Future[None]) -> None:
+        if not self._event.is_set():  # dispatched first: serving's own scope takes over
+            self._gone = True
+            self._event.set()
 
     async def wait(self, deadline: float) -> bool:
         if not self._event.is_set():
             with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
                 await self._event.wait()
+        if self._gone:
+            raise ClientGone()
         return self._event.is_set()
 
     def wake(self) -> None:

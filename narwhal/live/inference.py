@@ -22,6 +22,7 @@ grace period cancels it instead, the client gets the core's shutdown answer
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping
@@ -42,7 +43,7 @@ from narwhal.core.requests import BadRequest, ClientRequest, parse_client_reques
 from narwhal.core.shutdown import answer_shutdown
 from narwhal.core.stalls import StallLedger
 from narwhal.live.bodies import BodyRefused, parse_body, read_bounded_body, too_large
-from narwhal.live.clock import AnyioClock
+from narwhal.live.clock import AnyioClock, EventWaiter
 from narwhal.live.gate import json_refusal
 from narwhal.live.h1request import EdgeRequest, Response
 from narwhal.live.reporting import RequestReporter, ServedRequest
@@ -133,9 +134,11 @@ class Inference:
                 await sink.respond(400, error, {})
                 sink.done()
                 return None
-        await admit_and_serve(
-            request_id, arrival, router.ports, router.policies, sink, serve, flow_key
-        )
+        ports = router.ports
+        if flow_key is not None:  # a queued request's wait ends when its client leaves
+            closed = request.closed
+            ports = dataclasses.replace(ports, waiter=lambda: EventWaiter(closed))
+        await admit_and_serve(request_id, arrival, ports, router.policies, sink, serve, flow_key)
         sink.done()
         return None
 
