@@ -32,8 +32,8 @@ def one(data: dict[str, Any], rate: float, flow: bool, seed: int) -> dict[str, A
     data = {**data, "workload": {**data["workload"], "rate": rate}}
     data["flow"] = {**data.get("flow", {}), "enabled": flow}
     scenario = parse_scenario(data)
-    summary: dict[str, Any] = summarize(run(scenario, seed))
-    return summary["classes"]
+    classes: dict[str, Any] = summarize(run(scenario, seed))["classes"]
+    return classes
 
 
 def main(argv: list[str] | None = None) -> None:
