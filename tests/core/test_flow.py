@@ -171,3 +171,30 @@ def test_classify_reads_headers_and_refuses_bad_values() -> None:
         classify({"x-narwhal-priority": "high"}, settings)
     with pytest.raises(FlowHeaderError, match="x-slo-ttft-ms"):
         classify({"x-slo-ttft-ms": "-1"}, settings)
+
+
+def test_probabilistic_shedding_drops_only_sheddable_work_and_is_seeded() -> None:
+    def refusals(seed: int, saturation_waiting: float) -> tuple[int, int]:
+        policies = Policies(
+            config(probabilistic_shedding=True, max_report_age_s=100.0, queue_ttl_s=100.0),
+            seed=seed,
+        )
+        policies.admission.limit = 1_000
+        load = EngineLoad(
+            num_requests_waiting=saturation_waiting, num_requests_running=0, kv_cache_usage_perc=0
+        )
+        for entry in ENGINES:
+            policies.placement.report_load(entry["url"], load, 0.0)
+        arrivals = [(0.0, f"s{i}", FlowKey(-1, "")) for i in range(200)]
+        arrivals += [(0.0, f"c{i}", FlowKey(0, "")) for i in range(200)]
+        _, refused = run(policies, arrivals, work_s=0.01)
+        sheddable = sum(r.request_id.startswith("s") for r in refused)
+        assert all("(probabilistic)" in (r.error or "") for r in refused)
+        return sheddable, len(refused) - sheddable
+
+    # saturation 0.2 (1 waiting of 5): p = 0.2^5 x 300 = 0.096
+    low, critical = refusals(1, 1.0)
+    assert critical == 0 and 5 <= low <= 40
+    assert refusals(1, 1.0) == (low, 0)  # the same seed drops the same requests
+    # saturation 0.4: p = min(3.07, 1) = 1, every sheddable arrival dropped
+    assert refusals(2, 2.0) == (200, 0)
