@@ -26,9 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from sim_speed import FAULTS  # the same fault mix (this folder is on sys.path when run)
+
 REPO = Path(__file__).resolve().parents[2]
 
-SCENARIO = """
+SCENARIO = (
+    """
 name = "sim-memory"
 [engine]
 first_token_timeout_s = 5.0
@@ -56,36 +59,9 @@ max_requests = {requests}
 seed = 1
 sample_interval_s = 5.0
 max_sim_s = 1e9
-[[faults]]
-kind = "crash"
-role = "any"
-rate_per_hour = 4.0
-duration_s = 30.0
-[[faults]]
-kind = "hang"
-role = "decode"
-rate_per_hour = 4.0
-duration_s = 30.0
-[[faults]]
-kind = "slow"
-role = "any"
-rate_per_hour = 6.0
-duration_s = 60.0
-factor = 2.0
-[[faults]]
-kind = "stall"
-role = "decode"
-rate_per_hour = 6.0
-duration_s = 20.0
-probability = 0.1
-after_tokens = 10
-[[faults]]
-kind = "inband_error"
-role = "decode"
-rate_per_hour = 6.0
-duration_s = 20.0
-probability = 0.1
 """
+    + FAULTS
+)
 
 
 HELD = """

@@ -59,35 +59,7 @@ PUBLISHED = (160.0, 670.0)  # Vidur ~159, DistServe's ~530, SplitwiseSim ~665 re
 TARGET = 5000.0
 METRIC = "per_wall_s"  # what the figure shows (one core: the process uses one at a time)
 
-SCENARIO = """
-name = "sim-speed"
-[engine]
-first_token_timeout_s = 5.0
-decode_read_timeout_s = 5.0
-request_timeout_s = 120.0
-max_handoff_age_s = 10.0
-[recovery]
-eject_after = 3
-max_attempts = 2
-probe_interval_s = 5.0
-[fleet]
-prefill = 8
-decode = 8
-model = "llama3-8b"
-max_num_seqs = 256            # pinned (vLLM's H200 default is 1024 / 8192) so figures stay
-max_num_batched_tokens = 2048 # comparable with those measured before the defaults
-block_size = {block_size}
-stream_interval = {stream_interval}
-[workload]
-kind = "trace"
-trace = "azure2023_conv"
-rate_scale = {rate_scale}
-repeat = true
-max_requests = {requests}
-[sim]
-seed = 1
-sample_interval_s = 5.0
-decision_log = false
+FAULTS = """
 [[faults]]
 kind = "crash"
 role = "any"
@@ -117,7 +89,41 @@ role = "decode"
 rate_per_hour = 6.0
 duration_s = 20.0
 probability = 0.1
+"""  # crashes, hangs, slow engines, stalls, in-band errors at compressed rates
+
+SCENARIO = (
+    """
+name = "sim-speed"
+[engine]
+first_token_timeout_s = 5.0
+decode_read_timeout_s = 5.0
+request_timeout_s = 120.0
+max_handoff_age_s = 10.0
+[recovery]
+eject_after = 3
+max_attempts = 2
+probe_interval_s = 5.0
+[fleet]
+prefill = 8
+decode = 8
+model = "llama3-8b"
+max_num_seqs = 256            # pinned (vLLM's H200 default is 1024 / 8192) so figures stay
+max_num_batched_tokens = 2048 # comparable with those measured before the defaults
+block_size = {block_size}
+stream_interval = {stream_interval}
+[workload]
+kind = "trace"
+trace = "azure2023_conv"
+rate_scale = {rate_scale}
+repeat = true
+max_requests = {requests}
+[sim]
+seed = 1
+sample_interval_s = 5.0
+decision_log = false
 """
+    + FAULTS
+)
 
 
 def scenario_for(

@@ -60,7 +60,7 @@ from narwhal.core.policies import Policies
 from narwhal.core.ports import ClientGone, ClientSink, Ports
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import ClientRequest, decode_body
-from narwhal.core.resume import StreamResume, resumable
+from narwhal.core.resume import StreamResume, forwarded, relayed, resumable
 from narwhal.core.retry import Deadline, falls_back_locally
 from narwhal.core.routing.disagg import NO_PRODUCER, PRODUCER_FAILED, SHORT_PROMPT
 from narwhal.core.served_model import unserved_model
@@ -172,7 +172,7 @@ class _Lifecycle:
                     holding_retry = True
                     if resume.remaining() == 0:  # every token was sent: only the end lost
                         self.final = (200, "ok", None)
-                        await self._end(wire.DONE, now)
+                        await self._end(resume.ending(), now)
                         return self._finish_record()
                     continue
                 if self._falls_back(failure, now):
@@ -510,15 +510,15 @@ class _Lifecycle:
                             out += pending_metadata
                     self.tokens += 1
                     if assembler is None:
-                        out.append(event.wire() if resume is None else resume.wire(event))
+                        out.append(forwarded(resume, event))
                     elif not assembler.take(event):
                         return assembler.too_large(consumer)
                 elif kind is EventKind.METADATA:
                     self._metadata(event)
                     if self.committed:
-                        out.append(event.wire() if resume is None else resume.wire(event))
+                        out.append(forwarded(resume, event))
                     elif assembler is None:
-                        pending_metadata.append(event.wire())
+                        pending_metadata.append(forwarded(resume, event))
                     elif not assembler.take(event):
                         return assembler.too_large(consumer)
                 else:  # DONE after at least one token: the reader returns nothing after it
@@ -571,10 +571,8 @@ class _Lifecycle:
         if events is None:
             return None
         resume = self.resume
-        if resume is not None and not resume.first_leg:
-            return None  # a resumed leg's events are rewritten: the loop's
-        out = events[0].wire() if len(events) == 1 else b"".join([e.wire() for e in events])
-        if not self.sink.send_now(out):
+        out = relayed(resume, events)  # None: a resumed leg's events, rewritten in the loop
+        if out is None or not self.sink.send_now(out):
             return None
         for event in events:
             if resume is not None:

@@ -116,6 +116,48 @@ def resumable(request: ClientRequest, enabled: bool) -> StreamResume | None:
     return StreamResume(request, static_refusal(request))
 
 
+_ID_FIELDS = (b',"prompt_token_ids":', b',"token_ids":')
+
+
+def without_ids(raw: bytes) -> bytes:
+    """``raw`` (an event's bytes) without its ``prompt_token_ids`` and ``token_ids`` fields,
+    cut from the bytes as the engine wrote them (compact JSON, as vLLM writes it), so that what
+    is left is byte for byte the event of a request that did not ask for them. A quote outside
+    a JSON string is never escaped, so the field names cannot match inside a text; their
+    values are int lists. (Other spacing is left as it is: :meth:`StreamResume.wire` then
+    re-encodes.)"""
+    for name in _ID_FIELDS:
+        at = raw.find(name)
+        while at >= 0:
+            start = at + len(name)
+            if raw.startswith(b"null", start):
+                end = start + 4
+            elif raw.startswith(b"[", start):
+                end = raw.find(b"]", start) + 1
+            else:
+                end = 0
+            if end <= start:
+                break
+            raw = raw[:at] + raw[end:]
+            at = raw.find(name, at)
+    return raw
+
+
+def forwarded(resume: StreamResume | None, event: SseEvent) -> bytes:
+    """The bytes the client gets for a forwarded ``event`` (as sent when resuming is off)."""
+    return event.wire() if resume is None else resume.wire(event)
+
+
+def relayed(resume: StreamResume | None, events: list[SseEvent]) -> bytes | None:
+    """The bytes the client gets for ``events`` read on the transport's relay, or None where
+    the decode loop must take them (a resumed leg's events are rewritten there)."""
+    if resume is not None and not resume.first_leg:
+        return None
+    if len(events) == 1:
+        return forwarded(resume, events[0])
+    return b"".join([forwarded(resume, e) for e in events])
+
+
 def _int_list(value: Any) -> list[int] | None:
     if not isinstance(value, list):
         return None
@@ -132,14 +174,18 @@ class StreamResume:
     __slots__ = (
         "created",
         "delivered",
+        "finished",
         "first_leg",
         "ids_lost",
+        "model",
         "prompt_ids",
         "refused",
         "request",
         "response_id",
         "resumes",
         "static",
+        "strip_ids",
+        "usage_sent",
     )
 
     def __init__(self, request: ClientRequest, static: str | None) -> None:
@@ -151,8 +197,13 @@ class StreamResume:
         self.resumes = 0
         self.refused: str | None = None  # why the last committed failure was not resumed
         self.first_leg = True  # the leg now streaming is the client stream's first
-        self.response_id: Any = None  # the first leg's ``id`` and ``created``
+        self.response_id: Any = None  # the first leg's ``id``, ``created`` and ``model``
         self.created: Any = None
+        self.model: Any = None
+        # the ids are the router's, not the client's: kept from what the client sees
+        self.strip_ids = static is None and request.body.get(RETURN_TOKEN_IDS) is not True
+        self.finished = False  # a choice's finish_reason was forwarded: every token was sent
+        self.usage_sent = False  # the stream's usage chunk was forwarded
 
     # ------------------------------------------------------------ the legs
 
@@ -178,14 +229,19 @@ class StreamResume:
         return ClientRequest(request.request_id, request.endpoint, body, request.arrival)
 
     def remaining(self) -> int | None:
-        """Tokens the client may still get (None: the client set no ``max_tokens``)."""
+        """Tokens the client may still get (None: the client set no ``max_tokens``); 0 once a
+        forwarded chunk carried a ``finish_reason`` (the sequence ended: a continuation of
+        its ids would run past it)."""
+        if self.finished:
+            return 0
         limit = self.request.body.get("max_tokens")
         return None if type(limit) is not int else limit - len(self.delivered)
 
     def restarted(self) -> None:
         """A fresh attempt before anything was shown: nothing delivered yet."""
         self.prompt_ids, self.delivered, self.ids_lost = None, [], False
-        self.response_id = self.created = None
+        self.response_id = self.created = self.model = None
+        self.finished = self.usage_sent = False
 
     # ------------------------------------------------------------ the stream
 
@@ -198,12 +254,17 @@ class StreamResume:
             return
         if self.first_leg and self.response_id is None:
             self.response_id, self.created = payload.get("id"), payload.get("created")
+            self.model = payload.get("model")
         choices = payload.get("choices")
         if not isinstance(choices, list) or not choices:
+            if isinstance(payload.get("usage"), dict):
+                self.usage_sent = True
             return
         choice = choices[0]
         if not isinstance(choice, dict):
             return
+        if choice.get("finish_reason") is not None:
+            self.finished = True
         if self.first_leg and self.prompt_ids is None:
             self.prompt_ids = _int_list(choice.get("prompt_token_ids"))
         ids = _int_list(choice.get("token_ids"))
@@ -214,24 +275,32 @@ class StreamResume:
         self.delivered.extend(ids)
 
     def wire(self, event: SseEvent) -> bytes:
-        """The bytes the client gets for ``event``: as sent, on the first leg; on a resumed leg,
-        rewritten into the client's stream (its id and created, no prompt ids of its own, usage
-        counted for the whole stream)."""
+        """The bytes the client gets for ``event``: as sent, on the first leg, less the token
+        ids the client did not ask for (byte for byte what the engine sends a request without
+        ``return_token_ids``); on a resumed leg, rewritten into the client's stream (its id and
+        created, no prompt ids of its own, token ids only if the client asked, usage counted
+        for the whole stream)."""
         payload = event.payload
-        if self.first_leg or payload is None:
+        if payload is None:
             return event.wire()
+        if self.first_leg:
+            if not self.strip_ids:
+                return event.wire()
+            cut = without_ids(event.wire())
+            if b'token_ids"' not in cut:  # (an unescaped quote: a field, never a text)
+                return cut
         out = dict(payload)
-        out["id"], out["created"] = self.response_id, self.created
+        if not self.first_leg:
+            out["id"], out["created"] = self.response_id, self.created
         choices = payload.get("choices")
+        dropped = ("prompt_token_ids", "token_ids") if self.strip_ids else ("prompt_token_ids",)
         if isinstance(choices, list):
             out["choices"] = [
-                {k: v for k, v in c.items() if k != "prompt_token_ids"}
-                if isinstance(c, dict)
-                else c
+                {k: v for k, v in c.items() if k not in dropped} if isinstance(c, dict) else c
                 for c in choices
             ]
         usage = payload.get("usage")
-        if isinstance(usage, dict) and self.prompt_ids is not None:
+        if isinstance(usage, dict) and self.prompt_ids is not None and not self.first_leg:
             prompt, generated = len(self.prompt_ids), len(self.delivered)
             out["usage"] = {
                 **usage,
@@ -240,6 +309,18 @@ class StreamResume:
                 "total_tokens": prompt + generated,
             }
         return wire.sse_event(wire.to_json(out))
+
+    def ending(self) -> bytes:
+        """The end the router writes itself when every token was delivered and only the end
+        was lost: the usage chunk the client asked for (``stream_options.include_usage``) and
+        was not sent, counted from the prompt's and the delivered ids, then ``[DONE]``."""
+        options = self.request.body.get("stream_options")
+        asked = isinstance(options, dict) and options.get("include_usage") is True
+        if not asked or self.usage_sent or self.prompt_ids is None:
+            return wire.DONE
+        created = self.created if type(self.created) is int else 0
+        writer = wire.ChunkWriter(str(self.response_id), str(self.model), created, chat=False)
+        return writer.usage_chunk(len(self.prompt_ids), len(self.delivered)) + wire.DONE
 
     # ------------------------------------------------------------ the decision
 

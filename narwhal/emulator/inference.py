@@ -14,7 +14,8 @@ headers at once (vLLM sends them before generating), its prefill or KV pull, (ch
 chunk, the token chunks (the last one carries ``finish_reason``; with ``return_token_ids`` each
 carries its ``token_ids`` and the first the ``prompt_token_ids``, as vLLM's), the usage chunk when
 ``stream_options.include_usage`` and ``data: [DONE]``; an error after the headers is an in-band
-error event, then ``[DONE]``. The stream faults act after ``after_tokens`` tokens: ``stall``
+error event, then ``[DONE]``. The stream faults act after ``after_tokens`` tokens (after the
+last one: before the usage chunk and ``[DONE]``, only the end lost): ``stall``
 goes silent, ``disconnect`` ends the body without ``[DONE]``, ``early_done`` sends ``[DONE]``,
 ``inband_error`` an error event. A whole reply acts them out as a non-streaming vLLM would show
 them: a hang, a reset, a truncated completion, an HTTP error. While the engine is hung or
@@ -124,7 +125,7 @@ class Inference:
                 chunk = writer.token_chunk(token, finish)
             await emit(chunk)
             state.counts["generation_tokens"] += 1
-        if fault is not None and stop_at is not None and stop_at < len(tokens):
+        if fault is not None and stop_at is not None and stop_at <= len(tokens):
             if kind == "stall":
                 await self.actor.hang(fault.seconds)
             elif kind == "disconnect":

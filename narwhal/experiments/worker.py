@@ -8,8 +8,8 @@ state, the clock (wall time is reported beside the result, never inside the metr
 Theory of operation: the task's scenario mapping is parsed by the simulator, run with the
 task's seed, and summarised by :func:`narwhal.sim.results.summarize` (DistServe SLO
 attainment). The row keeps the numbers sweeps compare: success, ``first_byte_s`` (the client's
-time to first token) and TPOT percentiles, attainment, retries, ejections, and one
-``errors.<class>`` count per error class seen. With ``task.samples`` the sorted
+time to first token) and TPOT percentiles, attainment, retries, resumed streams, ejections,
+and one ``errors.<class>`` count per error class seen. With ``task.samples`` the sorted
 ``first_byte_s`` of every successful request comes back too, for CDFs.
 """
 
@@ -35,6 +35,7 @@ METRIC_FIELDS = (
     "slo_attainment_pct",
     "on_time_rps",
     "retried_requests",
+    "resumed_requests",
     "ejections",
     "preemptions",
     "prefix_cache_hit_rate",
@@ -85,6 +86,8 @@ def run_task(task: RunTask) -> RunOutcome:
         "slo_attainment_pct": summary["slo_attainment_pct"],
         "on_time_rps": summary["on_time_rps"],
         "retried_requests": summary["retried_requests"],
+        # committed streams resumed on another engine (none with recovery.resume_streams off)
+        "resumed_requests": summary.get("resumed_requests", 0),
         "ejections": summary["ejections"],
         "preemptions": summary["preemptions"],
         "prefix_cache_hit_rate": summary["prefix_cache_hit_rate"],

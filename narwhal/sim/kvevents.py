@@ -12,8 +12,8 @@ the index sees as a gap: the dead process's entries are dropped). A publisher co
 events of ``[sim] kv_event_delay_s`` of simulated time into one batch (vLLM publishes one batch
 per engine step; the delay stands for the step and the ZMQ hop) and hands it, numbered, to every
 router replica's index at once. The router's block identity (:func:`sim_block_chain`) is the
-simulated engines' own: a prompt's block keys read from its text
-(:func:`narwhal.sim.gpu.prefix.block_keys`), so an index hit is a real simulated cache hit.
+simulated engines' own: a prompt's block keys read from its text or its ids
+(:func:`narwhal.sim.gpu.prefix.content_keys`), so an index hit is a real simulated cache hit.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from narwhal.core.routing.kv_events import BlockHash, EventBatch, KvEvent
 from narwhal.engines.block_pool import BlockPool
 from narwhal.sim.gpu import wire
 from narwhal.sim.gpu.engine import SimEngine
-from narwhal.sim.gpu.prefix import block_keys, content_text
+from narwhal.sim.gpu.prefix import content_keys
 
 
 def uses_kv_events(config: NarwhalConfig) -> bool:
@@ -42,11 +42,8 @@ def sim_block_chain(block_size: int) -> Callable[[ClientRequest], Sequence[Block
     """The simulated engines' block identity of a request (module docstring)."""
 
     def chain(request: ClientRequest) -> Sequence[BlockHash] | None:
-        text = content_text(request.body)
         tokens = wire.prompt_tokens(request.body)
-        if text is None or tokens is None:
-            return None
-        return block_keys(text, tokens, block_size)
+        return None if tokens is None else content_keys(request.body, tokens, block_size)
 
     return chain
 

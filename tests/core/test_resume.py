@@ -13,7 +13,13 @@ from narwhal.core.config import RecoverySettings
 from narwhal.core.errors import FaultKind, fault
 from narwhal.core.records import DecisionLog
 from narwhal.core.requests import CHAT, COMPLETIONS, ClientRequest
-from narwhal.core.resume import REFUSAL_REASONS, StreamResume, resumable, static_refusal
+from narwhal.core.resume import (
+    REFUSAL_REASONS,
+    StreamResume,
+    resumable,
+    static_refusal,
+    without_ids,
+)
 from narwhal.core.retry import Deadline, RetryBudget
 from narwhal.core.sse import classify
 
@@ -30,7 +36,7 @@ def chunk(ids: list[int], text: str, **choice: Any) -> Any:
         "created": 7,
         "choices": [{"index": 0, "text": text, "token_ids": ids, **choice}],
     }
-    return classify(json.dumps(payload))
+    return classify(json.dumps(payload, separators=(",", ":")))  # compact, as vLLM writes it
 
 
 @pytest.mark.parametrize(
@@ -85,7 +91,8 @@ def test_a_resumed_legs_events_join_the_clients_stream() -> None:
     resume = StreamResume(request(), None)
     event = chunk([10], "a", prompt_token_ids=[1, 2])
     resume.saw(event)
-    assert resume.wire(event) == event.wire()  # the first leg: as sent
+    # the first leg: as sent, less the ids the client did not ask for
+    assert json.loads(resume.wire(event)[6:])["choices"] == [{"index": 0, "text": "a"}]
     resume.first_leg = False
     other = classify(
         json.dumps(
@@ -98,7 +105,7 @@ def test_a_resumed_legs_events_join_the_clients_stream() -> None:
     )
     rewritten = json.loads(resume.wire(other)[6:])
     assert (rewritten["id"], rewritten["created"]) == ("cmpl-x", 7)
-    assert "prompt_token_ids" not in rewritten["choices"][0]
+    assert rewritten["choices"] == [{"index": 0, "text": "b"}]
     usage = classify(json.dumps({"id": "cmpl-y", "choices": [], "usage": {"prompt_tokens": 3}}))
     counted = json.loads(resume.wire(usage)[6:])["usage"]
     assert counted == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
@@ -129,3 +136,58 @@ def test_the_decision_refuses_in_order_and_takes_the_budget() -> None:
     outcomes = [(d.as_dict()["outcome"], d.as_dict()["reason"]) for d in log.entries]
     assert outcomes[-3:] == [("resumed", "silence"), ("refused", "max_resumes"),
                              ("refused", "sequence_length")]  # fmt: skip
+
+
+def test_the_clients_asked_ids_pass_and_only_the_first_legs_prompt_ids() -> None:
+    resume = StreamResume(request(return_token_ids=True), None)
+    event = chunk([10], "a", prompt_token_ids=[1, 2])
+    resume.saw(event)
+    assert resume.wire(event) == event.wire()
+    resume.first_leg = False
+    later = chunk([11], "b", prompt_token_ids=[1, 2, 10])
+    assert json.loads(resume.wire(later)[6:])["choices"][0]["token_ids"] == [11]
+    assert "prompt_token_ids" not in json.loads(resume.wire(later)[6:])["choices"][0]
+
+
+@pytest.mark.parametrize(
+    ("raw", "left"),
+    [
+        (
+            b'{"choices":[{"text":"a","stop_reason":null,"prompt_token_ids":[1,2],"token_ids":[3]}]}',
+            b'{"choices":[{"text":"a","stop_reason":null}]}',
+        ),
+        (b'{"choices":[{"text":"a","token_ids":null}]}', b'{"choices":[{"text":"a"}]}'),
+        # a text that spells the field is inside a string, its quotes escaped: kept
+        (
+            b'{"choices":[{"text":",\\"token_ids\\":[1]","token_ids":[9,10]}]}',
+            b'{"choices":[{"text":",\\"token_ids\\":[1]"}]}',
+        ),
+        (b'{"choices":[{"text":"a"}]}', b'{"choices":[{"text":"a"}]}'),
+    ],
+)
+def test_token_ids_are_cut_from_the_bytes_as_written(raw: bytes, left: bytes) -> None:
+    assert without_ids(raw) == left
+    json.loads(left)  # still JSON
+
+
+def test_ids_written_with_other_spacing_are_removed_by_re_encoding() -> None:
+    resume = StreamResume(request(), None)
+    spaced = classify(json.dumps({"id": "c", "choices": [{"text": "a", "token_ids": [1]}]}))
+    assert json.loads(resume.wire(spaced)[6:]) == {"id": "c", "choices": [{"text": "a"}]}
+
+
+def test_a_finish_reason_means_nothing_is_left_and_the_router_ends_with_the_usage() -> None:
+    usage_asked = request(stream_options={"include_usage": True}, max_tokens=None)
+    resume = StreamResume(usage_asked, None)
+    resume.saw(chunk([10], "a", prompt_token_ids=[1, 2, 3]))
+    assert resume.remaining() is None  # no max_tokens: open-ended
+    resume.saw(chunk([2], "", finish_reason="stop"))  # an end-of-sequence id, delivered
+    assert resume.remaining() == 0
+    ending = resume.ending()
+    assert ending.endswith(b"data: [DONE]\n\n") and ending.count(b"data: ") == 2
+    usage = json.loads(ending.split(b"\n\n")[0][6:])
+    assert usage["choices"] == [] and (usage["id"], usage["created"]) == ("cmpl-x", 7)
+    assert usage["usage"] == {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2}
+    resume.saw(classify(json.dumps({"id": "cmpl-x", "choices": [], "usage": usage["usage"]})))
+    assert resume.ending() == b"data: [DONE]\n\n"  # the engine's usage chunk was sent
+    assert StreamResume(request(), None).ending() == b"data: [DONE]\n\n"  # not asked

@@ -6,12 +6,13 @@ one token, or re-tokenised, shows up as different text)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from narwhal.emulator.text import completion_tokens, prompt_text
+from narwhal.emulator.text import completion_tokens, prompt_text, token_ids
 from tests.live.conftest import HTTP, Emulator, RouterHandle, metric_value
 
 PROMPT = "A narwhal's tusk is a tooth that grows through its lip"
@@ -23,12 +24,17 @@ def uninterrupted(n: int = MAX_TOKENS) -> str:
     return "".join(completion_tokens(prompt_text({"prompt": PROMPT}, chat=False), n))
 
 
-def stream_events(handle: RouterHandle, **extra: Any) -> list[Any]:
-    """Every SSE data field of one streamed completion, JSON-decoded ("[DONE]" kept as is)."""
+def stream_bytes(handle: RouterHandle, **extra: Any) -> bytes:
+    """The body of one streamed completion, as the client reads it."""
     body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "stream": True}
     with HTTP.stream("POST", handle.url + "/v1/completions", json={**body, **extra}) as reply:
         assert reply.status_code == 200
-        raw = reply.read().decode()
+        return reply.read()
+
+
+def stream_events(handle: RouterHandle, **extra: Any) -> list[Any]:
+    """Every SSE data field of one streamed completion, JSON-decoded ("[DONE]" kept as is)."""
+    raw = stream_bytes(handle, **extra).decode()
     datas = [line[6:] for line in raw.split("\n") if line.startswith("data: ")]
     return [d if d == "[DONE]" else json.loads(d) for d in datas]
 
@@ -42,8 +48,9 @@ def until_placed_on_the_dying(
         events = stream_events(handle, **extra)
         handle.wait_for(lambda n=tries: len(handle.logged_requests()) == n)  # type: ignore[misc]
         record = handle.logged_requests()[-1]
-        if record["attempts"] > 1 or record["status"] != 200 or record.get("resume_refused"):
-            return events, record
+        failed = record["attempts"] > 1 or record["status"] != 200
+        if failed or record.get("resume_refused") or record.get("resumes"):
+            return events, record  # (resumes in one attempt: only the end was lost)
         assert text_of(events) == uninterrupted()  # placed on the healthy one: as ever
     raise AssertionError("no request was placed on the dying consumer in 10 tries")
 
@@ -108,9 +115,10 @@ def test_a_consumer_dying_mid_stream_is_resumed_with_the_uninterrupted_text(
     usage = chunks[-1]["usage"]  # the whole stream's, not the resumed leg's
     assert usage["completion_tokens"] == MAX_TOKENS
     assert usage["prompt_tokens"] == len(PROMPT) + 1
-    # every generated token id, once and in order (what the replay is built from)
-    ids = [i for e in chunks for c in e["choices"] for i in c.get("token_ids") or []]
-    assert len(ids) == MAX_TOKENS
+    # the token ids the router asked for are its own: the client did not ask for them
+    assert not [
+        c for e in chunks for c in e["choices"] if set(c) & {"token_ids", "prompt_token_ids"}
+    ]
     metrics = handle.metrics()
     assert metric_value(metrics, "narwhal_stream_resumes_total", outcome="resumed", reason=kind)
     assert record["status"] == 200 and record["outcome"] == "ok"
@@ -164,3 +172,82 @@ def test_a_stream_that_cannot_be_replayed_exactly_ends_with_the_terminal_event(
     metrics = handle.metrics()
     assert metric_value(metrics, "narwhal_stream_resumes_total", outcome="refused", reason=reason)
     assert record["resume_refused"] == reason and record["attempts"] == 1
+
+
+def uninterrupted_ids(n: int = MAX_TOKENS) -> list[int]:
+    tokens = completion_tokens(prompt_text({"prompt": PROMPT}, chat=False), n)
+    return [i for token in tokens for i in token_ids(token, bos=False)]
+
+
+def test_a_client_that_asked_for_token_ids_gets_them_continuous_across_the_resume(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle]
+) -> None:
+    dying, _healthy, handle = fleet(emulator, router)
+    dying.faults({"kind": "disconnect", "after_tokens": DIE_AFTER})
+    events, record = until_placed_on_the_dying(handle, return_token_ids=True)
+    assert record["resumes"] == 1 and text_of(events) == uninterrupted()
+    choices = [c for e in events if isinstance(e, dict) for c in e["choices"]]
+    assert [i for c in choices for i in c.get("token_ids") or []] == uninterrupted_ids()
+    prompts = [c["prompt_token_ids"] for c in choices if "prompt_token_ids" in c]
+    assert prompts == [token_ids(prompt_text({"prompt": PROMPT}, chat=False))]  # once, the first
+
+
+def same_but_ids(raw: bytes) -> bytes:
+    """A stream's bytes with its response id and creation time blanked (each run draws its
+    own)."""
+    raw = re.sub(rb'"id":"[^"]*"', b'"id":""', raw)
+    return re.sub(rb'"created":[0-9]+', b'"created":0', raw)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param({}, id="plain"),
+        pytest.param({"stream_options": {"include_usage": True}}, id="usage"),
+        pytest.param({"return_token_ids": True}, id="client-asked-ids"),
+    ],
+)
+def test_an_unfailed_stream_reaches_the_client_byte_for_byte_as_with_resuming_off(
+    emulator: Callable[..., Emulator],
+    router: Callable[..., RouterHandle],
+    extra: dict[str, Any],
+) -> None:
+    def pair(resume: bool) -> RouterHandle:  # fresh engines: the same prefix caches' state
+        producer, consumer = emulator("prefill", seed=1), emulator("decode", seed=2)
+        engines = [
+            {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
+            {"url": consumer.url, "role": "decode"},
+        ]
+        return router(engines, recovery={"resume_streams": resume})
+
+    with_resume, without = stream_bytes(pair(True), **extra), stream_bytes(pair(False), **extra)
+    assert same_but_ids(with_resume) == same_but_ids(without)
+    assert with_resume.endswith(b"data: [DONE]\n\n")
+    assert (b'"token_ids"' in with_resume) is ("return_token_ids" in extra)
+
+
+@pytest.mark.parametrize("usage", [True, False], ids=["usage", "no-usage"])
+def test_when_only_the_end_was_lost_the_router_ends_the_stream_with_the_usage_asked(
+    emulator: Callable[..., Emulator], router: Callable[..., RouterHandle], usage: bool
+) -> None:
+    dying, _healthy, handle = fleet(emulator, router)
+    dying.faults({"kind": "disconnect", "after_tokens": MAX_TOKENS})  # every token, no end
+    extra = {"stream_options": {"include_usage": True}} if usage else {}
+    events, record = until_placed_on_the_dying(handle, **extra)
+    assert text_of(events) == uninterrupted()
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert record["status"] == 200 and record["attempts"] == 1  # nothing sent afresh
+    chunks = [e for e in events if isinstance(e, dict)]
+    usages = [e for e in chunks if e.get("usage")]
+    if not usage:
+        assert not usages
+        return
+    assert len(usages) == 1 and usages[0] is chunks[-1] and usages[0]["choices"] == []
+    assert usages[0]["usage"] == {
+        "prompt_tokens": len(PROMPT) + 1,
+        "total_tokens": len(PROMPT) + 1 + MAX_TOKENS,
+        "completion_tokens": MAX_TOKENS,
+    }
+    assert {(e["id"], e["created"], e["model"]) for e in chunks} == {
+        (chunks[0]["id"], chunks[0]["created"], "tiny-llama")
+    }

@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 import simpy
 
-from narwhal.core.ports import Reply, StreamEnd, StreamOpened
+from narwhal.core.ports import Burst, Chunk, Reply, StreamEnd, StreamOpened
+from narwhal.core.sse import SseParser
 from narwhal.sim.driver import SimTransport, start
 from narwhal.sim.gpu.engine import SimEngine
 from narwhal.sim.gpu.handoffs import Registry
 from narwhal.sim.gpu.params import EngineParams
 from narwhal.sim.gpu.prefix import prompt_text
+from narwhal.sim.gpu.wire import BOS_ID, GENERATED_ID, ids_text
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.results import summarize
 from narwhal.sim.runner import run
@@ -45,9 +47,9 @@ class Fleet:
         }
         self.transport = SimTransport(self.env, self.engines)
 
-    def prefill(self, prompt: str = PROMPT) -> tuple[dict[str, Any], float]:
+    def prefill(self, prompt: str | list[int] = PROMPT) -> tuple[dict[str, Any], float]:
         """A prefill leg on the producer: its reply and how long it took."""
-        body = {"prompt": prompt, "max_tokens": 1, "stream": False}
+        body: dict[str, Any] = {"prompt": prompt, "max_tokens": 1, "stream": False}
         body["kv_transfer_params"] = {"do_remote_decode": True}
         out: dict[str, Any] = {}
 
@@ -121,6 +123,54 @@ def test_a_consumer_pulls_only_the_kv_its_own_cache_lacks() -> None:
     consumer = fleet.engines[CONSUMER].totals
     assert (consumer.prefix_cache_queries, consumer.prefix_cache_hits) == (600, CACHED)
     assert not fleet.engines[PRODUCER].handoffs.leases  # both handoffs were taken
+
+
+def stream_ids(fleet: Fleet, params: dict[str, Any], tokens: int) -> tuple[list[int], list[int]]:
+    """A decode leg asked for ``return_token_ids``: the prompt's ids and the generated ids it
+    reported."""
+    body = {"prompt": PROMPT, "max_tokens": tokens, "stream": True, "return_token_ids": True}
+    body["kv_transfer_params"] = params
+    raw: list[bytes] = []
+
+    async def read() -> None:
+        opened = await fleet.transport.open_stream(CONSUMER, "/v1/completions", body, {}, 99.0)
+        assert isinstance(opened, StreamOpened)
+        while True:
+            chunk = await fleet.transport.next_chunk(opened.handle, fleet.env.now + 99)
+            if isinstance(chunk, Chunk):
+                raw.append(chunk.data)
+            elif isinstance(chunk, Burst):
+                raw.extend(data for _at, data in chunk.reads)
+            else:
+                assert isinstance(chunk, StreamEnd)
+                return
+
+    start(fleet.env, read())
+    fleet.env.run(until=fleet.env.now + 5.0)
+    prompt: list[int] = []
+    generated: list[int] = []
+    for event in SseParser().feed(b"".join(raw)):
+        for choice in (event.payload or {}).get("choices", []):
+            prompt += choice.get("prompt_token_ids") or []
+            generated += choice.get("token_ids") or []
+    return prompt, generated
+
+
+def test_a_resumed_legs_token_id_prompt_hits_the_original_prompts_blocks() -> None:
+    fleet = Fleet()
+    first, _ = fleet.prefill()
+    prompt, generated = stream_ids(fleet, first["kv_transfer_params"], 5)
+    # the prompt's ids spell its text (its content identity comes back with them)
+    assert len(prompt) == 300 and prompt[0] == BOS_ID and ids_text(prompt) == (PROMPT, 1)
+    assert generated == [GENERATED_ID] * 5
+    # the resumed leg's prompt: the prompt's ids, then the delivered ones
+    resumed, took = fleet.prefill([*prompt, *generated])
+    assert resumed["usage"]["prompt_tokens"] == 305
+    assert resumed["usage"]["prompt_tokens_details"] == {"cached_tokens": CACHED}
+    assert took == pytest.approx(D + A * (305 - CACHED))
+    # the generated tokens' blocks are the request's own: a prompt of them shares nothing
+    alone, _ = fleet.prefill([BOS_ID, *[GENERATED_ID] * 40])
+    assert alone["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
 def test_with_prefix_caching_off_nothing_is_cached_or_reported() -> None:

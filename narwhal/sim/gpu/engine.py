@@ -41,7 +41,7 @@ from narwhal.sim.gpu.blocks import BlockManager
 from narwhal.sim.gpu.handoffs import Handoffs, Registry
 from narwhal.sim.gpu.output import StreamWriter
 from narwhal.sim.gpu.params import EngineParams
-from narwhal.sim.gpu.prefix import block_keys, content_text
+from narwhal.sim.gpu.prefix import content_keys
 from narwhal.sim.gpu.scheduler import Chunks, Scheduler
 from narwhal.sim.gpu.sequence import EOF, FINISHED, RESET, Resumer, Seq, SimStream
 from narwhal.sim.gpu.switches import STREAM_FAULTS, FaultSwitches
@@ -225,7 +225,7 @@ class SimEngine:
             return StreamOpened(None, seq.status, seq.body)
         seq.chat = path == "/v1/chat/completions"
         seq.head = wire.chunk_writer(seq.rid, body.get("model", self.params.model), seq.chat)
-        seq.ids = body.get("return_token_ids") is True
+        seq.ids = body if body.get("return_token_ids") is True else None
         stream = SimStream(self)
         stream.seq = seq
         seq.stream = stream
@@ -258,9 +258,7 @@ class SimEngine:
         self._sid += 1
         seq = Seq(self._sid, rid, prompt, int(out))
         if self.params.prefix_caching:
-            text = content_text(body)
-            if text is not None:
-                seq.keys = block_keys(text, prompt, self.params.block_size)
+            seq.keys = content_keys(body, prompt, self.params.block_size)
         return seq
 
     def abort(self, seq: Seq) -> None:

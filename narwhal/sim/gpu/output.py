@@ -21,7 +21,7 @@ from __future__ import annotations
 from narwhal.core.wire import DONE
 from narwhal.sim.gpu.sequence import EOF, Resumer, Seq, SimStream, take_chunk
 from narwhal.sim.gpu.totals import EngineTotals
-from narwhal.sim.gpu.wire import ERROR_500, token_chunk
+from narwhal.sim.gpu.wire import ERROR_500, prompt_ids, token_chunk
 
 
 class StreamWriter:
@@ -49,8 +49,9 @@ class StreamWriter:
                 data = seq.chunk
             else:
                 assert seq.head is not None  # a decode leg's stream has its writer
-                prompt = seq.prompt if first and seq.ids else None  # return_token_ids' first
-                data = token_chunk(seq.head, n, final, seq.ids, prompt)
+                asked = seq.ids  # return_token_ids: the prompt's ids ride on the first chunk
+                prompt = prompt_ids(asked, seq.prompt) if first and asked is not None else None
+                data = token_chunk(seq.head, n, final, asked is not None, prompt)
                 if not final and prompt is None:
                     seq.chunk_tokens, seq.chunk = n, data
             stream.buffer.append((now, data))

@@ -19,6 +19,11 @@ Theory of operation:
   so a segment's keys are one ``range``). Two prompts' keys agree block for block exactly as far
   as their segments do, as vLLM's chained block hashes agree as far as the tokens do; reading
   them costs one split of the text, where hashing the text would cost a hash per block.
+- A prompt given as token ids (a resumed stream's leg: the original prompt's ids, then the
+  generated tokens', :mod:`narwhal.sim.gpu.wire`) is read back as the text its ids spell, up to
+  the first generated token (:func:`content_keys`): its blocks hit the original prompt's,
+  as vLLM's block hashes over the same ids do, and the blocks holding generated tokens are
+  content no other prompt shares.
 - A prompt whose text does not start with ``#`` has no identity: content no other prompt shares
   (the Azure traces and synthetic lengths record none). Its text starts with ``~<request
   number>;``, unique to the router too, and its blocks are never cached (not even for its own
@@ -31,6 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from narwhal.engines.block_pool import BlockKey
+from narwhal.sim.gpu.wire import ids_text
 
 # a BlockKey here: chained segment id * OFFSETS + offset of the block's last token in the segment
 OFFSETS = 1 << 32  # more tokens than any segment has
@@ -75,6 +81,20 @@ def content_text(body: dict[str, Any]) -> str | None:
         if isinstance(content, str):
             return content
     return None
+
+
+def content_keys(
+    body: dict[str, Any], prompt_tokens: int, block_size: int
+) -> list[BlockKey] | None:
+    """The keys of the full blocks of a request's ``prompt_tokens``-token prompt (None: no
+    content identity): of its text (:func:`content_text`), or of the text a token-id prompt
+    spells before its first generated token."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and type(prompt[0]) is int:
+        spelt, header = ids_text(prompt)
+        return block_keys(spelt, header + len(spelt), block_size)
+    text = content_text(body)
+    return None if text is None else block_keys(text, prompt_tokens, block_size)
 
 
 def block_keys(text: str, prompt_tokens: int, block_size: int) -> list[BlockKey] | None:

@@ -163,4 +163,6 @@ class Seq:
         self.head: ChunkWriter | None = None  # decode leg: the writer of its stream's chunks
         self.chunk = b""  # the bytes of the last non-final chunk, for ``chunk_tokens`` tokens
         self.chunk_tokens = 0
-        self.ids = False  # decode leg: the request asked for return_token_ids
+        # decode leg: the body of a request that asked for return_token_ids (None: it did not),
+        # its prompt's ids read from it on the first chunk
+        self.ids: dict[str, Any] | None = None

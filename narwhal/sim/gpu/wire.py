@@ -22,7 +22,11 @@ CREATED = 1_700_000_000  # the "created" field of engine responses (fixed: runs 
 ENGINE_VERSION = "0.32.0"
 ERROR_500 = wire.error_event(500, "Internal server error")  # inside a 200 stream
 BOS_ID = 1  # the tiny model's (and the emulator's) layout: specials first, then one per character
-FILLER_ID = 6 + ord("x")  # the id of the filler token
+TEXT_ID_BASE = 6  # a character's id: this plus its code point
+FILLER_ID = TEXT_ID_BASE + ord("x")  # the id of the filler token
+# the id of each generated token: no character's, so generated tokens replayed as a resumed
+# leg's prompt are content no other prompt shares (the model's output is filler, not the text)
+GENERATED_ID = TEXT_ID_BASE + 0x110000
 
 
 def prompt_tokens(body: dict[str, Any]) -> int | None:
@@ -39,23 +43,52 @@ def prompt_tokens(body: dict[str, Any]) -> int | None:
     return None
 
 
+def prompt_ids(body: dict[str, Any], count: int) -> list[int]:
+    """The ids of a request's ``count`` prompt tokens, as ``return_token_ids`` reports them:
+    BOS and one id per character of a text prompt (so that they carry its content identity
+    back), the ids of a token-id prompt as given, else (a chat) BOS and filler."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [BOS_ID, *[TEXT_ID_BASE + ord(c) for c in prompt]]
+    if isinstance(prompt, list) and prompt and type(prompt[0]) is int:
+        return list(prompt)
+    return [BOS_ID] + [FILLER_ID] * (count - 1)
+
+
+def ids_text(ids: list[Any]) -> tuple[str, int]:
+    """The text a token-id prompt spells, as far as its ids are characters (a resumed leg's
+    prompt: the original prompt, the generated tokens after it cut off), and the tokens before
+    it (1 for a leading BOS, else 0)."""
+    header = 1 if ids and ids[0] == BOS_ID else 0
+    chars: list[str] = []
+    for i in ids[header:]:
+        if type(i) is not int or not TEXT_ID_BASE <= i < GENERATED_ID:
+            break
+        chars.append(chr(i - TEXT_ID_BASE))
+    return "".join(chars), header
+
+
 def chunk_writer(rid: str, model: str, chat: bool) -> wire.ChunkWriter:
     """The writer of request ``rid``'s stream (``rid``: the router's X-Request-Id)."""
     return wire.ChunkWriter(wire.completion_id(rid, chat), model, CREATED, chat=chat)
 
 
 def token_chunk(
-    writer: wire.ChunkWriter, n: int, final: bool, ids: bool = False, prompt: int | None = None
+    writer: wire.ChunkWriter,
+    n: int,
+    final: bool,
+    ids: bool = False,
+    prompt: list[int] | None = None,
 ) -> bytes:
     """A streamed chunk of ``n`` tokens of filler text, the last of its stream if ``final`` (the
     simulator generates ``max_tokens``, so a stream ends for ``length``). ``ids``: the request
-    asked for ``return_token_ids``: the chunk carries the filler's ids and, given the prompt's
-    token count ``prompt`` (the stream's first chunk), ids standing for the prompt's."""
+    asked for ``return_token_ids``: the chunk carries the generated tokens' ids
+    (:data:`GENERATED_ID`) and, on the stream's first chunk, the prompt's ids ``prompt``
+    (:func:`prompt_ids`)."""
     finish = "length" if final else None
     if not ids:
         return writer.token_chunk("x" * n, finish)
-    prompt_ids = None if prompt is None else [BOS_ID] + [FILLER_ID] * (prompt - 1)
-    return writer.token_chunk("x" * n, finish, [FILLER_ID] * n, prompt_ids)
+    return writer.token_chunk("x" * n, finish, [GENERATED_ID] * n, prompt)
 
 
 def prefill_reply(

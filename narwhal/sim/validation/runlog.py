@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import json
 import lzma
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,24 +177,33 @@ def read_means(path: Path) -> tuple[RunMeans, int]:
     return means, int(raw["num_requests"])
 
 
-def dataset_requests(dataset: Path, text: bytes) -> tuple[RunRequest, ...]:
-    """A means-only run's requests from its dataset (LLMServingSim's format: ``arrival_time_ns``,
-    ``input_toks``, ``output_toks`` a row), arrivals from the first; times not recorded."""
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+def _numeric_rows(
+    where: Path, lines: Iterable[str | bytes], fields: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """The JSON lines' rows, each with a number in every one of ``fields``; blank lines skipped,
+    anything else refused naming its line."""
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except ValueError as error:
-            raise ProfileError(f"{dataset}:{number}: {error}") from None
-        fields = ("arrival_time_ns", "input_toks", "output_toks")
+            raise ProfileError(f"{where}:{number}: {error}") from None
         missing = [k for k in fields if not isinstance(row.get(k), int | float)]
         if missing:
-            raise ProfileError(f"{dataset}:{number}: no {', '.join(missing)}")
+            raise ProfileError(f"{where}:{number}: no {', '.join(missing)}")
         rows.append(row)
     if not rows:
-        raise ProfileError(f"{dataset}: no requests")
+        raise ProfileError(f"{where}: no requests")
+    return rows
+
+
+def dataset_requests(dataset: Path, text: bytes) -> tuple[RunRequest, ...]:
+    """A means-only run's requests from its dataset (LLMServingSim's format: ``arrival_time_ns``,
+    ``input_toks``, ``output_toks`` a row), arrivals from the first; times not recorded."""
+    fields = ("arrival_time_ns", "input_toks", "output_toks")
+    rows = _numeric_rows(dataset, text.splitlines(), fields)
     start = min(float(r["arrival_time_ns"]) for r in rows)
     return tuple(
         RunRequest(
@@ -208,21 +218,8 @@ def dataset_requests(dataset: Path, text: bytes) -> tuple[RunRequest, ...]:
 
 
 def read_requests(path: Path) -> tuple[RunRequest, ...]:
-    raw: list[dict[str, Any]] = []
     with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as error:
-                raise ProfileError(f"{path}:{number}: {error}") from None
-            missing = [k for k in REQUEST_FIELDS if not isinstance(row.get(k), int | float)]
-            if missing:
-                raise ProfileError(f"{path}:{number}: no {', '.join(missing)}")
-            raw.append(row)
-    if not raw:
-        raise ProfileError(f"{path}: no requests")
+        raw = _numeric_rows(path, handle, REQUEST_FIELDS)
     start = min(float(r["queued_ts"]) for r in raw)
     return tuple(
         RunRequest(
