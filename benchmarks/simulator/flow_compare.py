@@ -9,7 +9,7 @@ replicate, the scenario runs with ``[flow] enabled`` false and true; the per-cla
 (:mod:`narwhal.sim.classes`) gives SLO attainment, success and TTFT p90; a table goes to stdout
 and every run's figures to ``--out``/flow_compare.csv.
 
-    python -m narwhal.experiments.flow_compare experiments/scenarios/flow-overload.toml \\
+    python benchmarks/simulator/flow_compare.py experiments/scenarios/flow-overload.toml \\
         --rates 0.5 1 2 3 --replicates 5 --out docs/figures/flow
 """
 
