@@ -38,9 +38,10 @@ from __future__ import annotations
 import hashlib
 import pickle
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from narwhal.core.requests import ClientRequest
 from narwhal.core.routing.kv_events import BlockHash
 
 DEFAULT_SEED = "vllm-none-hash"
@@ -130,3 +131,33 @@ class VllmBlockHasher:
         if not self.int_hashes:
             return list(digests)
         return [int.from_bytes(d, "big") & _MASK64 for d in digests]
+
+
+def prompt_token_ids(body: dict[str, Any]) -> list[int] | None:
+    """The token ids a completions body gives as its prompt (a list of ints, or a batch of one
+    such list), or None (text, chat messages, or several prompts)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    return None
+
+
+def token_id_chain(hasher: VllmBlockHasher) -> Callable[[ClientRequest], list[BlockHash] | None]:
+    """The live router's block identity: a request's chain from the token ids it carries, its
+    ``cache_salt`` included; None for a request without token ids, or with a ``cache_salt``
+    that is not a string (module docstring: what is not reproducible)."""
+
+    def chain_of(request: ClientRequest) -> list[BlockHash] | None:
+        ids = prompt_token_ids(request.body)
+        if ids is None:
+            return None
+        salt = request.body.get("cache_salt")
+        if salt is not None and not isinstance(salt, str):
+            return None
+        return hasher.chain(ids, salt or None)
+
+    return chain_of
