@@ -92,8 +92,9 @@ class KvEventPublisher:
             with self._lock:
                 kept = [(seq, payload) for seq, payload in self._buffer if seq >= start]
             for seq, payload in kept:
-                self._replay.send_multipart([client, b"", self._topic, seq.to_bytes(8, "big"),
-                                             payload])
+                self._replay.send_multipart(
+                    [client, b"", self._topic, seq.to_bytes(8, "big"), payload]
+                )
             self._replay.send_multipart([client, b"", b"", _END_SEQ, b""])
 
     def close(self) -> None:

@@ -157,8 +157,11 @@ class KvEventSubscriber:
                         got.append(message)
         except (TimeoutError, KvEventError, zmq.ZMQError) as error:
             counts.replay_failures += 1
-            log.warning("KV event replay from %s failed (%s): the gap drops its entries",
-                        url, error or "no answer")
+            log.warning(
+                "KV event replay from %s failed (%s): the gap drops its entries",
+                url,
+                error or "no answer",
+            )
             return
         finally:
             dealer.close(linger=0)
@@ -179,8 +182,7 @@ class KvEventSubscriber:
         )
         families = {
             "batches": "KV event batches applied from the live stream",
-            "refused": "KV event messages that could not be decoded (the engine's entries "
-            "dropped)",
+            "refused": "KV event messages that could not be decoded (the engine's entries dropped)",
             "replays": "replays asked of the engine's replay socket after a gap",
             "replayed": "KV event batches applied from replays",
             "replay_failures": "replays that failed (the gap dropped the engine's entries)",

@@ -89,9 +89,13 @@ def test_a_request_routed_on_events_lands_on_the_engine_holding_its_prefix(
         assert sum(rose) == 12 * BLOCK
         assert reply["choices"][0]["text"]
     metrics = router.metrics()
-    assert sum(
-        metric_value(metrics, "narwhal_kv_events_batches_total", engine=p.url) for p in producers
-    ) >= 8
+    assert (
+        sum(
+            metric_value(metrics, "narwhal_kv_events_batches_total", engine=p.url)
+            for p in producers
+        )
+        >= 8
+    )
 
 
 def test_a_missed_batch_is_replayed_and_a_lost_stream_falls_back_uncharged(

@@ -47,8 +47,13 @@ def test_chain_matches_vllm(algo: str, seed: str | None, salt: str | None) -> No
         env["PYTHONHASHSEED"] = seed
     job = {"algo": algo, "ids": ids, "block_size": 16, "salt": salt}
     done = subprocess.run(
-        [str(python), "-c", _VLLM_SIDE], input=json.dumps(job), env=env,
-        capture_output=True, text=True, timeout=120, check=True,
+        [str(python), "-c", _VLLM_SIDE],
+        input=json.dumps(job),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     want = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(want) == 7

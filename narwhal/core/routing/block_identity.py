@@ -112,9 +112,7 @@ class VllmBlockHasher:
         self.int_hashes = int_hashes
         self.none_hash = _digest(algo, DEFAULT_SEED if seed is None else seed)
 
-    def digests(
-        self, token_ids: Sequence[int], cache_salt: str | None = None
-    ) -> list[bytes]:
+    def digests(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
         """The full blocks' digests, in prompt order."""
         size, algo = self.block_size, self.algo
         parent = self.none_hash
