@@ -228,12 +228,18 @@ class EngineEntry(_Strict):
     @field_validator("kv_events", "kv_events_replay")
     @classmethod
     def _zmq_tcp(cls, value: str | None) -> str | None:
-        """A ZMQ endpoint the router can dial: tcp://HOST:PORT (no wildcard host)."""
+        """A ZMQ endpoint the router can dial: tcp://HOST:PORT (no wildcard host) or
+        ipc://PATH (a Unix socket: vLLM binds its publisher only on a wildcard or ipc endpoint)."""
         if value is None:
             return None
+        if value.startswith("ipc://") and len(value) > 6 and not any(c.isspace() for c in value):
+            return value
         match = re.fullmatch(r"tcp://([^\s:*/]+|\[[0-9a-fA-F:.]+\]):(\d{1,5})", value)
         if match is None or not 1 <= int(match.group(2)) <= 65535:
-            raise ValueError(f"must be a ZMQ endpoint like 'tcp://127.0.0.1:5557', got {value!r}")
+            raise ValueError(
+                f"must be a ZMQ endpoint like 'tcp://127.0.0.1:5557' or 'ipc:///run/kv.sock', "
+                f"got {value!r}"
+            )
         return value
 
     @field_validator("url")

@@ -36,12 +36,17 @@ HASHER = VllmBlockHasher(block_size=BLOCK)
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir: Path, log_dir: Path) -> Iterator[tuple[EngineProcess, str, str]]:
-    pub, replay = free_port(), free_port()
+def engine(
+    model_dir: Path, log_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[EngineProcess, str, str]]:
+    # vLLM binds its PUB socket only on a wildcard or ipc endpoint (a host one it connects to):
+    # a Unix socket keeps it off the network
+    pub = f"ipc://{tmp_path_factory.mktemp('kv-events') / 'pub.sock'}"
+    replay = free_port()
     events = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": f"tcp://127.0.0.1:{pub}",
+        "endpoint": pub,
         "replay_endpoint": f"tcp://127.0.0.1:{replay}",
     }
     spec = EngineSpec(
@@ -57,7 +62,7 @@ def engine(model_dir: Path, log_dir: Path) -> Iterator[tuple[EngineProcess, str,
     )  # fmt: skip
     (started,) = start_engines([spec], log_dir, venv=VENV)
     try:
-        yield started, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}"
+        yield started, pub, f"tcp://127.0.0.1:{replay}"
     finally:
         stop_engines([started])
 
@@ -68,13 +73,13 @@ def test_events_reach_the_index_and_predict_the_cached_tokens(
     process, endpoint, replay = engine
     url = process.spec.url
     config = parse_config({"engines": [
-        {"url": url, "role": "decode", "kv_events": endpoint, "kv_events_replay": replay},
+        {"url": url, "role": "both", "kv_events": endpoint, "kv_events_replay": replay},
     ]})  # fmt: skip
     index = KvIndex()
     rng = random.Random(38)
-    shared = [1] + [rng.randrange(10, 250) for _ in range(3 * BLOCK - 1)]
-    first = shared + [rng.randrange(10, 250) for _ in range(20)]
-    second = shared + [rng.randrange(10, 250) for _ in range(30)]
+    shared = [1] + [rng.randrange(10, 100) for _ in range(3 * BLOCK - 1)]
+    first = shared + [rng.randrange(10, 100) for _ in range(20)]
+    second = shared + [rng.randrange(10, 100) for _ in range(30)]
 
     def complete(client: httpx.Client, ids: list[int]) -> dict:
         body = {"model": MODEL, "prompt": ids, "max_tokens": 1}
@@ -110,7 +115,7 @@ def test_events_reach_the_index_and_predict_the_cached_tokens(
 def test_preflight_passes_the_kv_event_check(engine: tuple[EngineProcess, str, str]) -> None:
     process, endpoint, _ = engine
     config = parse_config({
-        "engines": [{"url": process.spec.url, "role": "decode", "kv_events": endpoint}],
+        "engines": [{"url": process.spec.url, "role": "both", "kv_events": endpoint}],
         "routing": {"decode": "kv_aware", "kv_aware": {"block_size": BLOCK}},
     })  # fmt: skip
     rows = anyio.run(lambda: run_preflight(config))
