@@ -255,6 +255,29 @@ class EngineEntry(_Strict):
     url: str
     role: Role
     kv_endpoint: str | None = None  # the producer's KV side channel, pinned in descriptors
+    # the engine's KV cache event publisher (vLLM --kv-events-config "endpoint", as dialled
+    # from the router: "tcp://HOST:PORT"), its replay socket ("replay_endpoint") and topic;
+    # read by kv_aware (narwhal.live.kv_events)
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
+    kv_events_topic: str = ""
+
+    @field_validator("kv_events", "kv_events_replay")
+    @classmethod
+    def _zmq_tcp(cls, value: str | None) -> str | None:
+        """A ZMQ endpoint the router can dial: tcp://HOST:PORT (no wildcard host) or
+        ipc://PATH (a Unix socket: vLLM binds its publisher only on a wildcard or ipc endpoint)."""
+        if value is None:
+            return None
+        if value.startswith("ipc://") and len(value) > 6 and not any(c.isspace() for c in value):
+            return value
+        match = re.fullmatch(r"tcp://([^\s:*/]+|\[[0-9a-fA-F:.]+\]):(\d{1,5})", value)
+        if match is None or not 1 <= int(match.group(2)) <= 65535:
+            raise ValueError(
+                f"must be a ZMQ endpoint like 'tcp://127.0.0.1:5557' or 'ipc:///run/kv.sock', "
+                f"got {value!r}"
+            )
+        return value
 
     @field_validator("url")
     @classmethod
@@ -363,6 +386,13 @@ class KvAwareSettings(_Strict):
     speculative_ttl_s: Duration = 2.0
     max_blocks_per_engine: Annotated[Count, Field(ge=1, le=100_000_000)] = 1_000_000
     max_blocks_total: Annotated[Count, Field(ge=1, le=1_000_000_000)] = 4_000_000
+    # the engines' block identity (narwhal.core.routing.block_identity), as they are started:
+    # --block-size, --prefix-caching-hash-algo, PYTHONHASHSEED (None: unset) and
+    # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (vLLM's default 1: int hashes in the events)
+    block_size: Annotated[Count, Field(ge=1, le=4096)] = 16
+    hash_algo: Literal["sha256", "sha256_cbor"] = "sha256"
+    hash_seed: str | None = None
+    int_block_hashes: bool = True
 
 
 NoProducer = Literal["fail", "local"]
