@@ -58,6 +58,13 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ("narwhal_retries_in_flight", "retries"),
         ("sum by (engine) (narwhal_reservations_in_flight)", "reserved {{engine}}"),
     ]),
+    ("Flow control by band ([flow] enabled)", "short", [
+        ("sum by (band) (narwhal_flow_queue_length)", "queued {{band}}"),
+        (f"sum by (band, reason) (rate(narwhal_flow_refused_total{RATE}))",
+         "shed/s {{band}} {{reason}}"),
+        (f"sum by (band) (rate(narwhal_flow_wait_seconds_total{RATE}))"
+         f" / sum by (band) (rate(narwhal_flow_dispatched_total{RATE}))", "mean wait s {{band}}"),
+    ]),
     ("Router process", "short", [
         (f"rate(process_cpu_seconds_total{RATE})", "CPU cores"),
         ("process_resident_memory_bytes / 2^20", "RSS MiB"),

@@ -40,6 +40,13 @@ class Admission:
         self._log.add(now, REFUSED, None, request=request_id, in_flight=self.in_flight)
         return False
 
+    def take(self) -> bool:
+        """Take a slot without logging a refusal (flow control's dispatch); False when full."""
+        if self.in_flight < self.limit:
+            self.in_flight += 1
+            return True
+        return False
+
     def release(self) -> None:
         """Give back the slot of an admitted request (once per admitted request)."""
         if self.in_flight <= 0:

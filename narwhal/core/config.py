@@ -138,6 +138,43 @@ class AdmissionSettings(_Strict):
     max_json_values: Annotated[Count, Field(ge=64, le=100_000_000)] = 262_144
 
 
+class FlowSettings(_Strict):
+    """Flow control (``[flow]``): requests wait in bounded per-priority queues in front of
+    admission instead of being refused at ``admission.max_requests_in_flight``; off by default,
+    and off the router behaves exactly as without it (narwhal.core.flow, docs/live.md).
+    """
+
+    enabled: bool = False
+    # the band of a request: this header's integer, else its API key's entry, else the default;
+    # a band below zero is sheddable
+    priority_header: str = "x-narwhal-priority"
+    default_priority: Annotated[int, Strict(), Field(ge=-1000, le=1000)] = 0
+    api_key_priorities: dict[str, Annotated[int, Strict(), Field(ge=-1000, le=1000)]] = {}
+    fairness_header: str = "x-gateway-inference-fairness-id"
+    deadline_header: str = "x-slo-ttft-ms"
+    ordering: Literal["fcfs", "edf"] = "fcfs"  # within a flow: arrival order or deadline
+    max_queue_per_band: Annotated[Count, Field(ge=1, le=1_000_000)] = 1024
+    queue_ttl_s: Duration = 5.0  # a request queued this long gets 503 + Retry-After
+    # dispatch waits while every engine is saturated: max(waiting / queue_threshold,
+    # kv_usage / kv_threshold) >= 1, a report older than max_report_age_s counting as saturated
+    saturation_gate: bool = True
+    queue_threshold: Annotated[float, Strict(), Field(gt=0, le=1e6)] = 5.0
+    kv_threshold: Annotated[float, Strict(), Field(gt=0, le=1)] = 0.8
+    max_report_age_s: Duration = 1.0
+    poll_interval_s: Duration = 0.05  # how often a saturation-gated queue looks again
+    # drop sheddable (band < 0) arrivals with probability min(saturation^5 * 300, 1)
+    probabilistic_shedding: bool = False
+    max_bands: Annotated[Count, Field(ge=1, le=64)] = 8  # distinct bands (bounds metric labels)
+
+    @field_validator("priority_header", "fairness_header", "deadline_header")
+    @classmethod
+    def _header_name(cls, value: str) -> str:
+        lowered = value.strip().lower()
+        if not re.fullmatch(r"[a-z0-9!#$%&'*+.^_`|~-]+", lowered):
+            raise ValueError(f"{value!r} is not an HTTP header name")
+        return lowered
+
+
 _HOST_NAME = re.compile(r"[a-z0-9.-]+|\[?[0-9a-f:.]+\]?")
 
 
@@ -218,6 +255,29 @@ class EngineEntry(_Strict):
     url: str
     role: Role
     kv_endpoint: str | None = None  # the producer's KV side channel, pinned in descriptors
+    # the engine's KV cache event publisher (vLLM --kv-events-config "endpoint", as dialled
+    # from the router: "tcp://HOST:PORT"), its replay socket ("replay_endpoint") and topic;
+    # read by kv_aware (narwhal.live.kv_events)
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
+    kv_events_topic: str = ""
+
+    @field_validator("kv_events", "kv_events_replay")
+    @classmethod
+    def _zmq_tcp(cls, value: str | None) -> str | None:
+        """A ZMQ endpoint the router can dial: tcp://HOST:PORT (no wildcard host) or
+        ipc://PATH (a Unix socket: vLLM binds its publisher only on a wildcard or ipc endpoint)."""
+        if value is None:
+            return None
+        if value.startswith("ipc://") and len(value) > 6 and not any(c.isspace() for c in value):
+            return value
+        match = re.fullmatch(r"tcp://([^\s:*/]+|\[[0-9a-fA-F:.]+\]):(\d{1,5})", value)
+        if match is None or not 1 <= int(match.group(2)) <= 65535:
+            raise ValueError(
+                f"must be a ZMQ endpoint like 'tcp://127.0.0.1:5557' or 'ipc:///run/kv.sock', "
+                f"got {value!r}"
+            )
+        return value
 
     @field_validator("url")
     @classmethod
@@ -326,6 +386,13 @@ class KvAwareSettings(_Strict):
     speculative_ttl_s: Duration = 2.0
     max_blocks_per_engine: Annotated[Count, Field(ge=1, le=100_000_000)] = 1_000_000
     max_blocks_total: Annotated[Count, Field(ge=1, le=1_000_000_000)] = 4_000_000
+    # the engines' block identity (narwhal.core.routing.block_identity), as they are started:
+    # --block-size, --prefix-caching-hash-algo, PYTHONHASHSEED (None: unset) and
+    # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (vLLM's default 1: int hashes in the events)
+    block_size: Annotated[Count, Field(ge=1, le=4096)] = 16
+    hash_algo: Literal["sha256", "sha256_cbor"] = "sha256"
+    hash_seed: str | None = None
+    int_block_hashes: bool = True
 
 
 NoProducer = Literal["fail", "local"]
@@ -359,6 +426,7 @@ class NarwhalConfig(_Strict):
     recovery: RecoverySettings = RecoverySettings()
     routing: RoutingSettings = RoutingSettings()
     admission: AdmissionSettings = AdmissionSettings()
+    flow: FlowSettings = FlowSettings()
     client: ClientSettings = ClientSettings()
     tracing: TracingSettings = TracingSettings()
     engine_contract: EngineContract | None = None

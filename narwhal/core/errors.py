@@ -37,6 +37,7 @@ class FaultKind(Enum):
     DEADLINE = "deadline"  # the original request deadline passed
     NO_ENGINE = "no_engine"  # no engine of a role is eligible (503 + Retry-After)
     OVERLOADED = "overloaded"  # the router's own bound on requests in flight (503 + Retry-After)
+    SHED = "shed"  # flow control refused or dropped a queued request (503 + Retry-After)
     MODEL_NOT_FOUND = "model_not_found"  # a model the pinned contract does not serve (404)
 
 
@@ -67,6 +68,7 @@ FAULT_RULES: dict[FaultKind, FaultRule] = {
     FaultKind.DEADLINE: FaultRule(504, False, False, "request_timeout"),
     FaultKind.NO_ENGINE: FaultRule(503, False, False, "no_engine_available"),
     FaultKind.OVERLOADED: FaultRule(503, False, False, "router_overloaded"),
+    FaultKind.SHED: FaultRule(503, False, False, "router_shed"),
     # vLLM's own answer to a model it does not serve (type and param as vLLM writes them)
     FaultKind.MODEL_NOT_FOUND: FaultRule(404, False, False, "NotFoundError"),
 }

@@ -36,7 +36,7 @@ from narwhal.core.placement import Placement
 from narwhal.core.records import DecisionLog
 
 RELOADABLE_SECTIONS = ("engines", "engine", "client")
-FIXED_SECTIONS = ("recovery", "routing", "admission", "engine_contract", "tracing")
+FIXED_SECTIONS = ("recovery", "routing", "admission", "flow", "engine_contract", "tracing")
 """Sections a reload may not change (a restart takes them)."""
 
 

@@ -38,10 +38,13 @@ METRICS_PATH = "/metrics"
 
 
 def scraped_engines(config: NarwhalConfig) -> list[str]:
-    """The engines whose load is read: those serving a phase ``least_loaded`` places (config
-    order; empty when no phase uses it)."""
-    routing = config.routing
-    prefill, decode = routing.prefill == "least_loaded", routing.decode == "least_loaded"
+    """The engines whose load is read: those serving a phase ``least_loaded`` places, or every
+    engine while flow control's saturation detector reads them (config order; empty when
+    neither does)."""
+    routing, flow = config.routing, config.flow
+    gated = flow.enabled and (flow.saturation_gate or flow.probabilistic_shedding)
+    prefill = gated or routing.prefill == "least_loaded"
+    decode = gated or routing.decode == "least_loaded"
     return [
         entry.url
         for entry in config.engines

@@ -18,6 +18,7 @@ from narwhal.core.admission import Admission
 from narwhal.core.breaker import Breaker
 from narwhal.core.config import NarwhalConfig, Role
 from narwhal.core.fleet_changes import FleetChanges, Reload
+from narwhal.core.flow import FlowControl
 from narwhal.core.placement import Placement
 from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.retry import RetryBudget
@@ -75,6 +76,14 @@ class Policies:
         self.kv_connector = config.kv_connector
         self._side_channels = {entry.url: entry.kv_endpoint for entry in config.engines}
         self.on_record = on_record or (lambda record: None)
+        self.flow = FlowControl(  # drawn last: its RNG shifts no other policy's draws
+            config.flow,
+            self.admission,
+            self.placement.load_reports,
+            self.engines_known,
+            random.Random(root.getrandbits(64)),
+            self.log,
+        )
 
     def new_id(self, prefix: str) -> str:
         """A fresh backend request id: ``prefix``, then six seeded random bytes in hex (so runs

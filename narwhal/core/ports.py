@@ -206,13 +206,26 @@ class ClientSink(Protocol):
         ...
 
 
+class Waiter(Protocol):
+    """One queued request's wait (flow control): :meth:`wait` returns True once :meth:`wake`
+    was called (at once if it already was), False at ``deadline``. ``wake`` is synchronous and
+    never resumes the waiter inside the caller's step."""
+
+    def wait(self, deadline: float) -> Awaitable[bool]: ...
+
+    def wake(self) -> None: ...
+
+
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
 
 
 @dataclass
 class Ports:
-    """What a driver hands to the core. ``spawn`` runs a background coroutine concurrently."""
+    """What a driver hands to the core. ``spawn`` runs a background coroutine concurrently;
+    ``waiter`` makes a :class:`Waiter` (None: the driver cannot queue, and ``[flow]`` stays
+    off for it)."""
 
     clock: Clock
     transport: Transport
     spawn: Spawn
+    waiter: Callable[[], Waiter] | None = None

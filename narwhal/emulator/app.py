@@ -29,6 +29,7 @@ from narwhal.emulator.asgi import NOT_FOUND, json_reply, read_body, reply, watch
 from narwhal.emulator.faults import FaultSpec
 from narwhal.emulator.handoff import Handoff
 from narwhal.emulator.inference import Inference
+from narwhal.emulator.kv_publisher import KvEventPublisher
 from narwhal.emulator.state import EmulatorConfig, EngineState
 from narwhal.emulator.surfaces import METRICS_HEADERS, metrics, models
 from narwhal.emulator.tokenizer import detokenize, tokenize
@@ -43,6 +44,14 @@ class EmulatorApp:
     def __init__(self, config: EmulatorConfig, faults: list[FaultSpec] | None = None) -> None:
         self.config = config
         self.engine = EngineState.create(config)
+        # the prefix cache's KV events (vLLM --kv-events-config), bound now so the endpoints
+        # are known before the engine serves
+        self.kv_events: KvEventPublisher | None = None
+        if config.kv_events_port is not None:
+            self.kv_events = KvEventPublisher(
+                config.host, config.kv_events_port, config.kv_events_topic
+            )
+            self.engine.prefix_cache.publish_to(self.kv_events)
         self.actor = FaultActor(self.engine.fault_rng)
         for spec in faults or []:
             self.actor.schedule(spec)
@@ -112,5 +121,7 @@ class EmulatorApp:
             elif message["type"] == "lifespan.shutdown":
                 await self.actor.aclose()
                 await self.handoff.close()
+                if self.kv_events is not None:
+                    self.kv_events.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return

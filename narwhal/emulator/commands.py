@@ -52,6 +52,14 @@ def register(subparsers: Any) -> None:
     emulate.add_argument(
         "--prefix-cache-blocks", type=int, default=16384, help="the prefix cache's bound (LRU)"
     )
+    emulate.add_argument(
+        "--kv-events-port",
+        type=int,
+        default=None,
+        help="publish the prefix cache's KV events as vLLM's --kv-events-config does (ZMQ PUB "
+        "on this port of --host, 0: a free one; a replay ROUTER on a free port)",
+    )
+    emulate.add_argument("--kv-events-topic", default="")
     emulate.add_argument("--engine-id", default=None)
     emulate.add_argument("--seed", type=int, default=0)
     emulate.add_argument("--log-level", default="warning")
@@ -93,6 +101,8 @@ def emulate_command(args: argparse.Namespace) -> int:
         prefix_caching=args.prefix_caching,
         prefix_cache_blocks=args.prefix_cache_blocks,
         seed=args.seed,
+        kv_events_port=args.kv_events_port,
+        kv_events_topic=args.kv_events_topic,
         timing=LinearTiming(
             prefill_s_per_token=args.prefill_s_per_token,
             decode_s_per_token=args.decode_s_per_token,
@@ -110,5 +120,11 @@ def emulate_command(args: argparse.Namespace) -> int:
         f"KV side channel {built.side_channel}; engine id {built.app.engine_id}",
         flush=True,
     )
+    if built.app.kv_events is not None:
+        print(
+            f"KV events on {built.app.kv_events.endpoint}, replay on "
+            f"{built.app.kv_events.replay_endpoint}",
+            flush=True,
+        )
     serve_blocking(built.server, built.sockets)
     return 0

@@ -7,11 +7,14 @@ are hashed as a chain, as vLLM hashes them (each block's hash covers the previou
 and the block's tokens), so equal hashes mean equal prefixes; a lookup finds the longest cached
 run from the first block, short of the prompt's last token (vLLM always computes it for its
 logits); and what was looked up and found is counted under vLLM's metric names
-(``vllm:prefix_cache_queries``, ``vllm:prefix_cache_hits``, in tokens).
+(``vllm:prefix_cache_queries``, ``vllm:prefix_cache_hits``, in tokens). With
+:meth:`PrefixCache.publish_to`, every stored and evicted block is published as vLLM's KV cache
+events, one batch per insert (:mod:`narwhal.emulator.kv_publisher`).
 
 Theory of operation: the emulator's tokenizer is one token per character after BOS
-(:mod:`narwhal.emulator.text`), so the token content of a prompt is ``"\\x00" + text`` (BOS as
-one character) cut into ``block_size`` characters per block. :meth:`PrefixCache.lookup` counts
+(:mod:`narwhal.emulator.text`); a prompt's token ids are cut into ``block_size`` tokens per
+block and each full block hashed as vLLM 0.32 hashes it by default
+(:mod:`narwhal.core.routing.block_identity`). :meth:`PrefixCache.lookup` counts
 a query and its hit; :meth:`PrefixCache.insert` records a computed (or pulled) prompt's blocks:
 it takes them from the pool (the cached ones touched, the others new, least recently used
 cached blocks evicted when none is free) and frees them at once, last block first, so that
@@ -22,25 +25,28 @@ eviction takes a chain from its end. The emulator has no KV memory model: its po
 
 from __future__ import annotations
 
-import hashlib
+from typing import Protocol
 
+from narwhal.core.routing.block_identity import VllmBlockHasher
+from narwhal.core.routing.kv_events import KvEvent
+from narwhal.emulator.text import token_ids
 from narwhal.engines.block_pool import BlockKey, BlockPool
 
-BOS = "\x00"  # the BOS token, as one character of the token content
-_DIGEST_BYTES = 16
+
+class EventSink(Protocol):
+    """Where the cache's KV events go (:class:`~narwhal.emulator.kv_publisher.KvEventPublisher`)."""
+
+    def publish(self, event: KvEvent) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 def block_hashes(text: str, block_size: int) -> list[BlockKey]:
-    """The chained hashes of the full blocks of a prompt whose text is ``text``."""
-    content = BOS + text  # one character per token
-    hashes: list[BlockKey] = []
-    previous = b""
-    for start in range(0, len(content) // block_size * block_size, block_size):
-        hasher = hashlib.blake2b(previous, digest_size=_DIGEST_BYTES)
-        hasher.update(content[start : start + block_size].encode("utf-8", "surrogatepass"))
-        previous = hasher.digest()
-        hashes.append(int.from_bytes(previous, "big"))
-    return hashes
+    """The chained hashes of the full blocks of a prompt whose text is ``text``: vLLM 0.32's
+    default block identity (SHA-256 of the pickled chain, fixed seed, the events' int form) of
+    its token ids, so the router's index matches them as it matches a real engine's."""
+    chain = VllmBlockHasher(block_size=block_size).chain(token_ids(text))
+    return [int(h) for h in chain]
 
 
 class PrefixCache:
@@ -51,8 +57,14 @@ class PrefixCache:
         self.capacity = capacity
         self.enabled = enabled
         self._pool = BlockPool(capacity, block_size)
+        self._events: EventSink | None = None
         self.queries = 0  # prompt tokens looked up (vllm:prefix_cache_queries)
         self.hits = 0  # of them, tokens found cached (vllm:prefix_cache_hits)
+
+    def publish_to(self, sink: EventSink) -> None:
+        """Publish the cache's changes as KV events to ``sink`` (one batch per insert)."""
+        self._events = sink
+        self._pool.publish = sink.publish
 
     def __len__(self) -> int:
         return len(self._pool.block_of)
@@ -84,6 +96,8 @@ class PrefixCache:
                 pool.touch([block])
             blocks.append(block)
         pool.free(blocks)
+        if self._events is not None:
+            self._events.flush()
 
     def metric_lines(self, labels: str) -> list[str]:
         """The counters as Prometheus text, under vLLM's names."""

@@ -65,6 +65,10 @@ class EmulatorConfig:
     prefix_caching: bool = True  # vLLM's automatic prefix caching (on by default in vLLM V1)
     prefix_cache_blocks: int = 16384  # the prefix cache's bound, in blocks (LRU)
     seed: int = 0
+    # vLLM's --kv-events-config: publish the prefix cache's KV events over ZMQ PUB on this
+    # host (None: off; 0: a free port), with a replay ROUTER on a free port
+    kv_events_port: int | None = None
+    kv_events_topic: str = ""
     timing: TimingModel = field(default_factory=LinearTiming)
 
 

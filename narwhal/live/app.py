@@ -53,13 +53,15 @@ from narwhal.core.requests import (
     CHAT,
     COMPLETIONS,
 )
+from narwhal.core.routing.kv_aware import kv_aware_phases
 from narwhal.core.stalls import StallLedger
-from narwhal.live.clock import AnyioClock
+from narwhal.live.clock import AnyioClock, EventWaiter
 from narwhal.live.engine_log import EngineEventLog
 from narwhal.live.gate import HostGate
 from narwhal.live.h1request import EdgeRequest, Response
 from narwhal.live.h1server import Handler
 from narwhal.live.inference import Inference
+from narwhal.live.kv_events import KvEventSubscriber, live_block_chain
 from narwhal.live.lag import LagMonitor
 from narwhal.live.metrics import RouterMetrics, status_document
 from narwhal.live.passthrough import PassThroughHandler
@@ -132,7 +134,17 @@ class Router:
         on_decision = observed if self.tracing is None else self.tracing.observing(observed)
         decisions = DecisionLog(on_decision=on_decision, keep=DECISIONS_KEPT)
         self.policies = Policies(
-            config, seed=seed, log=decisions, on_record=self.reporter.on_record
+            config,
+            seed=seed,
+            log=decisions,
+            on_record=self.reporter.on_record,
+            block_chain=live_block_chain(config),
+        )
+        # the engines' KV cache events, for kv_aware (None: no phase uses it)
+        self.kv_events = (
+            KvEventSubscriber(config.engines, lambda: self.policies.placement.kv_index)
+            if kv_aware_phases(config.routing)
+            else None
         )
         # config_path: reloaded on SIGHUP (when told) and when it changes (narwhal.live.reload)
         self.reloader = (
@@ -151,6 +163,8 @@ class Router:
         self.metrics.attach(self.policies, self.clock)
         self.engine_log.attach(self.policies)
         self.metrics.attach_stalls(self.stalls)
+        if self.kv_events is not None:
+            self.metrics.registry.register(self.kv_events)
         self._api_key = api_key or None
         self._tick_s = tick_s
         self._announce = announce
@@ -205,7 +219,7 @@ class Router:
                 group.start_soon(guarded)
 
             traced = transport if self.tracing is None else self.tracing.wrap(transport)
-            self._ports = Ports(self.clock, traced, spawn)
+            self._ports = Ports(self.clock, traced, spawn, EventWaiter)
             self.engine_log.router_started(self.config)
             if self._announce is not None:
                 for line in await self.describe_fleet():
@@ -223,6 +237,8 @@ class Router:
             group.start_soon(
                 partial(load_scrape_loop, self._ports, self.policies, stop=lambda: self._stopping)
             )
+            if self.kv_events is not None:
+                group.start_soon(self.kv_events.run)
             if self.reloader is not None:
                 group.start_soon(partial(self.reloader.run, stop=lambda: self._stopping))
             try:

@@ -118,7 +118,6 @@ def _load(args: argparse.Namespace) -> Any:
     problem has been told on stderr."""
     from narwhal.config_file import config_from_urls, load_config
     from narwhal.core.config import ConfigError
-    from narwhal.core.routing.kv_aware import kv_aware_phases, unavailable
 
     urls = bool(args.prefill or args.decode)
     if (args.config is None) == (not urls):
@@ -135,8 +134,6 @@ def _load(args: argparse.Namespace) -> Any:
             if args.config is not None
             else config_from_urls(args.prefill, args.decode)
         )
-        for phase in kv_aware_phases(config.routing):  # no block identity live (yet)
-            raise unavailable(phase)
         return config
     except ConfigError as error:
         print(f"narwhal: {error}", file=sys.stderr)

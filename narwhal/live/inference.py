@@ -22,6 +22,7 @@ grace period cancels it instead, the client gets the core's shutdown answer
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ import anyio
 from narwhal.core import wire
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.entry import admit_and_serve
+from narwhal.core.flow import FlowHeaderError, classify
 from narwhal.core.lifecycle import serve_request
 from narwhal.core.policies import Policies
 from narwhal.core.ports import Ports
@@ -41,7 +43,7 @@ from narwhal.core.requests import BadRequest, ClientRequest, parse_client_reques
 from narwhal.core.shutdown import answer_shutdown
 from narwhal.core.stalls import StallLedger
 from narwhal.live.bodies import BodyRefused, parse_body, read_bounded_body, too_large
-from narwhal.live.clock import AnyioClock
+from narwhal.live.clock import AnyioClock, EventWaiter
 from narwhal.live.gate import json_refusal
 from narwhal.live.h1request import EdgeRequest, Response
 from narwhal.live.reporting import RequestReporter, ServedRequest
@@ -122,7 +124,21 @@ class Inference:
                 router.reporter.end(served)
             return None
 
-        await admit_and_serve(request_id, arrival, router.ports, router.policies, sink, serve)
+        flow_key = None
+        flow_settings = router.config.flow
+        if flow_settings.enabled:  # queue by band and flow (narwhal.core.flow)
+            try:
+                flow_key = classify(headers, flow_settings)
+            except FlowHeaderError as bad:
+                error = wire.error_object(400, str(bad), "invalid_request_error")
+                await sink.respond(400, error, {})
+                sink.done()
+                return None
+        ports = router.ports
+        if flow_key is not None:  # a queued request's wait ends when its client leaves
+            closed = request.closed
+            ports = dataclasses.replace(ports, waiter=lambda: EventWaiter(closed))
+        await admit_and_serve(request_id, arrival, ports, router.policies, sink, serve, flow_key)
         sink.done()
         return None
 

@@ -44,6 +44,7 @@ from narwhal.core.records import Decision, RequestRecord
 from narwhal.core.routing.prefix import PrefixAffinity
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock, to_wall
+from narwhal.live.flow_metrics import flow_families
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # Time per output token: vLLM's buckets for its own histogram of the same name.
@@ -109,6 +110,8 @@ class _FleetCollector:
             "admission.max_requests_in_flight",
             value=float(admission.limit),
         )
+        if policies.flow.enabled:
+            yield from flow_families(policies.flow)
         yield from _routing_families(policies, now)
 
 
@@ -525,6 +528,8 @@ def status_document(policies: Policies, clock: AnyioClock) -> dict[str, Any]:
             "refused": policies.admission.refused,
         },
         "time": clock.wall(),
+        # [flow] enabled: per band, queue length, queued, dispatched, mean wait, refusals
+        **({"flow": policies.flow.snapshot()} if policies.flow.enabled else {}),
     }
 
 

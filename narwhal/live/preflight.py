@@ -12,7 +12,9 @@ role: a producer must answer a prefill with a valid KV descriptor (released afte
 consumer must stream a plain decode, a ``both`` engine must also decode its own handoff
 (same-worker). Then (3) every role-permitted pair of distinct engines runs a real handoff: a
 prefill on the producer, a decode carrying that descriptor on the consumer, which must pull the
-KV. The result is a list of :class:`Check` rows, printed as a table.
+KV. (4) Every engine a ``kv_aware`` phase places on must publish KV cache events the router can
+read, naming its blocks as the router does (:mod:`narwhal.live.kv_events_check`). The result
+is a list of :class:`Check` rows, printed as a table.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from typing import Any
 
 import anyio
 
-from narwhal.core.config import NarwhalConfig
+from narwhal.core.config import EngineEntry, NarwhalConfig
 from narwhal.core.errors import Fault
 from narwhal.core.legs import DecodeLeg, PrefillOutcome, prefill_leg, stale_handoff
 from narwhal.core.policies import Policies
 from narwhal.core.ports import ConnectFailed, Ports, TimedOut
 from narwhal.core.probe import contract_problems, probe_client_request, probe_request
 from narwhal.core.requests import COMPLETIONS, ClientRequest, decode_body
+from narwhal.core.routing.kv_aware import kv_aware_phases
 from narwhal.live.clock import AnyioClock
+from narwhal.live.kv_events import live_block_chain
+from narwhal.live.kv_events_check import check_kv_events
 from narwhal.live.transport import EngineTransport
 
 
@@ -39,7 +44,7 @@ from narwhal.live.transport import EngineTransport
 class Check:
     """One row of the preflight table."""
 
-    check: str  # contract | role | pair
+    check: str  # contract | role | pair | kv_events
     target: str
     passed: bool
     detail: str
@@ -49,7 +54,7 @@ class _Preflight:
     def __init__(self, config: NarwhalConfig, ports: Ports, seed: int) -> None:
         self.config = config
         self.ports = ports
-        self.policies = Policies(config, seed=seed)
+        self.policies = Policies(config, seed=seed, block_chain=live_block_chain(config))
 
     def request(self, max_tokens: int) -> ClientRequest:
         """A probe request with a fresh backend id (unseeded: a real producer may still hold
@@ -153,12 +158,27 @@ class _Preflight:
         }[role.value]
         return Check("role", f"{url} ({role.value})", not found, "; ".join(found) or what)
 
+    async def kv_events(self, entry: EngineEntry, phases: list[str]) -> Check:
+        body = probe_request(self.policies, 1)
+        settings = self.config.routing.kv_aware
+        passed, detail = await check_kv_events(entry, phases, settings, self.ports, body)
+        return Check("kv_events", entry.url, passed, detail)
+
     async def run(self) -> list[Check]:
         urls = [entry.url for entry in self.config.engines]
         rows: list[Check] = []
         for url in urls:
             rows.append(await self.contract(url))
             rows.append(await self.role(url))
+        placed_on_events = kv_aware_phases(self.config.routing)
+        for entry in self.config.engines:
+            phases = [
+                phase
+                for phase in placed_on_events
+                if (entry.role.produces if phase == "prefill" else entry.role.consumes)
+            ]
+            if phases:
+                rows.append(await self.kv_events(entry, phases))
         producers = [e.url for e in self.config.engines if e.role.produces]
         consumers = [e.url for e in self.config.engines if e.role.consumes]
         for producer in producers:

@@ -228,6 +228,45 @@ class SimClock:
         return _SleepOp(self, seconds)
 
 
+class _WakeOp(Op):
+    __slots__ = ("deadline", "waiter")
+
+    def __init__(self, waiter: SimWaiter, deadline: float) -> None:
+        self.waiter = waiter
+        self.deadline = deadline
+
+    def start(self, task: Task) -> Any:
+        waiter = self.waiter
+        if waiter.woken:
+            return True
+        wait = waiter.pending = Wait(task)
+        env = waiter.env
+        timer = env.timeout(max(0.0, self.deadline - env.now))
+        timer.callbacks.append(lambda _event: wait.fire(False))
+        return PENDING
+
+
+class SimWaiter:
+    """A queued request's wait (the core's ``Waiter``): woken on a fresh SimPy event, never
+    inside the step of the task that woke it."""
+
+    __slots__ = ("env", "pending", "woken")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.woken = False
+        self.pending: Wait | None = None
+
+    def wait(self, deadline: float) -> _WakeOp:
+        return _WakeOp(self, deadline)
+
+    def wake(self) -> None:
+        self.woken = True
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self.env.timeout(0).callbacks.append(lambda _event: pending.fire(True))
+
+
 # ---------------------------------------------------------------- Transport
 
 
@@ -419,7 +458,12 @@ def make_ports(env: simpy.Environment, engines: dict[str, SimEngine]) -> Ports:
         # the coroutine is made when it starts: one the run ends before is never created
         env.timeout(0).callbacks.append(lambda _event: Task(factory()).resume(None))
 
-    return Ports(clock=SimClock(env), transport=SimTransport(env, engines), spawn=spawn)
+    return Ports(
+        clock=SimClock(env),
+        transport=SimTransport(env, engines),
+        spawn=spawn,
+        waiter=lambda: SimWaiter(env),
+    )
 
 
 def start(

@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from narwhal.sim.classes import ClassStats, class_lines
 from narwhal.sim.replicas import replica_summary
 from narwhal.sim.runner import RunResult, run
 from narwhal.sim.scenario import Scenario
@@ -104,6 +105,7 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
     streamed = result.streamed
     if streamed is not None:
         stats, decisions = streamed.stats, streamed.decision_kinds
+        per_class = streamed.classes
         path = streamed.out / "records.csv"
 
         def columns() -> Iterable[tuple[float | None, ...]]:
@@ -112,8 +114,12 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
     else:
         rows = rows if rows is not None else record_rows(result)
         stats = RowStats(sim.slo_ttft_s, sim.slo_tpot_s)
+        classes = result.scenario.workload.classes
+        per_class = ClassStats(classes, sim.slo_ttft_s, sim.slo_tpot_s) if classes else None
         for row in rows:
             stats.add(row)
+            if per_class is not None:
+                per_class.add(row)
         decisions = Counter(d["kind"] for d in result.decisions)
         kept = rows
 
@@ -175,6 +181,10 @@ def summarize(result: RunResult, rows: list[dict[str, Any]] | None = None) -> di
         },
     }
     summary.update(engine_settings(result))
+    if per_class is not None:  # [[workload.classes]]
+        summary["classes"] = per_class.summary()
+    if result.flow:  # [flow] enabled: per band, replica 0's queues
+        summary["flow"] = result.flow
     if result.scenario.router.recovery.resume_streams:  # [recovery] resume_streams
         summary["resumed_requests"] = stats.resumed
         summary["resume_refused"] = dict(sorted(stats.resume_refused.items()))
@@ -302,6 +312,7 @@ def table(summary: dict[str, Any]) -> str:
         )
     if "trace" in summary:
         lines.append(("trace", summary["trace"]))
+    lines.extend(class_lines(summary.get("classes", {})))
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines) + "\n"
 
@@ -325,7 +336,8 @@ def write(result: RunResult, out: Path) -> dict[str, Any]:
     rows = None if streamed else record_rows(result)
     summary = summarize(result, rows)
     if rows is not None:
-        (out / "records.csv").write_text(_csv(rows, RECORD_FIELDS), "utf-8")
+        fields = (*RECORD_FIELDS, "class") if result.scenario.workload.classes else RECORD_FIELDS
+        (out / "records.csv").write_text(_csv(rows, fields), "utf-8")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", "utf-8")
     (out / "summary.txt").write_text(table(summary), "utf-8")
     if result.samples:

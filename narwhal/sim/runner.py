@@ -35,10 +35,12 @@ from typing import Any
 import simpy
 
 from narwhal.core.entry import admit_and_serve
+from narwhal.core.flow import FlowKey
 from narwhal.core.lifecycle import serve_request
 from narwhal.core.probe import maintenance_loop
 from narwhal.core.records import DecisionLog, RequestRecord
 from narwhal.core.requests import CHAT, COMPLETIONS, ClientRequest
+from narwhal.sim.classes import ClassStats
 from narwhal.sim.driver import SINK, make_ports, start
 from narwhal.sim.faults import FaultSpec, FaultWindow, expand, install, past_the_end
 from narwhal.sim.gpu.engine import SimEngine
@@ -85,6 +87,8 @@ class RunResult:
     # files, not in this object (``records``, ``arrivals``, ``samples``, ``decisions`` and
     # ``delivered`` are empty), and its counts are here
     streamed: StreamRecorder | None = field(default=None, compare=False)
+    # [flow] enabled: per band, queued / dispatched / mean wait / refusals (replica 0's)
+    flow: dict[str, Any] = field(default_factory=dict)
 
 
 def run(
@@ -160,7 +164,15 @@ def run(
         source = arrivals(workload, workload_rng)
     all_done = env.event()
     streamer = (
-        StreamRecorder(stream_to, sim.slo_ttft_s, sim.slo_tpot_s, scenario.replicas.replicas)
+        StreamRecorder(
+            stream_to,
+            sim.slo_ttft_s,
+            sim.slo_tpot_s,
+            scenario.replicas.replicas,
+            ClassStats(workload.classes, sim.slo_ttft_s, sim.slo_tpot_s)
+            if workload.classes
+            else None,
+        )
         if stream_to is not None
         else None
     )
@@ -221,6 +233,9 @@ def run(
     stream = scenario.workload.stream
     model = fleet.model
 
+    # where each class queues under [flow] (unused while flow control is off)
+    plain_key = FlowKey(config.flow.default_priority, "", None)
+    flow_keys = {c.name: FlowKey(c.priority, c.flow, c.slo_ttft_s) for c in workload.classes}
     upcoming: list[Arrival] = []  # the arrival feed() waits to start (taken from source)
     fed = [0]  # arrivals started
 
@@ -248,9 +263,12 @@ def run(
             request = ClientRequest(f"req-{i}", endpoint, body, float(env.now))
             replica = replicas.route(request.request_id, i)
             serve = functools.partial(serve_request, request, ports, replica, SINK)
+            key = flow_keys.get(arrival.cls, plain_key)
             start(
                 env,
-                admit_and_serve(request.request_id, request.arrival, ports, replica, SINK, serve),
+                admit_and_serve(
+                    request.request_id, request.arrival, ports, replica, SINK, serve, key
+                ),
             )
 
     samples: list[dict[str, Any]] = []
@@ -330,4 +348,5 @@ def run(
         first_arrival_s=first_t,
         last_arrival_s=last_t,
         streamed=streamer,
+        flow=first.flow.snapshot() if config.flow.enabled else {},
     )

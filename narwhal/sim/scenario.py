@@ -57,7 +57,7 @@ from narwhal.sim.vllm_defaults import (
 )
 from narwhal.sim.workload import WorkloadSettings
 
-ROUTER_KEYS = ("engine", "recovery", "routing", "admission", "engine_contract", "engines")
+ROUTER_KEYS = ("engine", "recovery", "routing", "admission", "flow", "engine_contract", "engines")
 DEFAULT_SCENARIO = "default.toml"
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from narwhal.core.records import Decision, RequestRecord
+from narwhal.sim.classes import ClassStats
 from narwhal.sim.replicas import ReplicaCounts
 from narwhal.sim.workload import Arrival
 
@@ -98,6 +99,7 @@ def record_row(
         "resumes": record.resumes,
         "resume_refused": record.resume_refused,
         "error": record.error,
+        "class": arrival.cls,
     }
 
 
@@ -116,6 +118,7 @@ def unfinished_row(index: int, arrival: Arrival) -> dict[str, Any]:
         output_events=0,
         resumes=0,
     )
+    row["class"] = arrival.cls
     return row
 
 
@@ -268,14 +271,23 @@ def _csv_value(value: Any) -> Any:
 class StreamRecorder:
     """Writes a run's rows, samples and decisions into ``out`` as they are made."""
 
-    def __init__(self, out: Path, slo_ttft_s: float, slo_tpot_s: float, replicas: int) -> None:
+    def __init__(
+        self,
+        out: Path,
+        slo_ttft_s: float,
+        slo_tpot_s: float,
+        replicas: int,
+        classes: ClassStats | None = None,
+    ) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.out = out
         self.stats = RowStats(slo_ttft_s, slo_tpot_s)
+        self.classes = classes  # per-class counters, when the workload defines classes
+        self.fields = (*RECORD_FIELDS, "class") if classes is not None else RECORD_FIELDS
         self.decision_kinds: Counter[str] = Counter()
         self.replica_counts = ReplicaCounts(replicas)
         self._records = (out / "records.csv").open("w", newline="", encoding="utf-8")
-        csv.writer(self._records, lineterminator="\n").writerow(RECORD_FIELDS)
+        csv.writer(self._records, lineterminator="\n").writerow(self.fields)
         self._line = io.StringIO()  # one row's CSV text (a held row costs its text, not a dict)
         self._format = csv.writer(self._line, lineterminator="\n")
         self._pending: dict[int, str] = {}  # rows finished ahead of an earlier one, as text
@@ -327,8 +339,10 @@ class StreamRecorder:
     def row(self, index: int, row: dict[str, Any]) -> None:
         """The row of the ``index``-th arrival (each index exactly once, in any order)."""
         self.stats.add(row)
+        if self.classes is not None:
+            self.classes.add(row)
         line = self._line
-        self._format.writerow([_csv_value(row[k]) for k in RECORD_FIELDS])
+        self._format.writerow([_csv_value(row[k]) for k in self.fields])
         text = line.getvalue()
         line.seek(0)
         line.truncate()

@@ -31,10 +31,11 @@ prompts have a content identity; the others share nothing. A prompt clamped to
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -76,6 +77,24 @@ class Arrival:
     # the prompt's content identity: (chained segment id, tokens) from its start, the tokens
     # summing to ``prompt``; empty: content no other request shares (narwhal.sim.gpu.prefix)
     prefix: Segments = ()
+    cls: str = ""  # its workload class ([[workload.classes]]; empty: none are defined)
+
+
+class WorkloadClass(BaseModel):
+    """One ``[[workload.classes]]`` entry: a share of the arrivals with a priority band, a
+    tenant (its fairness flow; default: the class name) and a TTFT objective."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    share: float = Field(gt=0)
+    priority: int = Field(0, ge=-1000, le=1000)
+    tenant: str = ""
+    slo_ttft_s: float | None = Field(None, gt=0)
+
+    @property
+    def flow(self) -> str:
+        return self.tenant or self.name
 
 
 class LengthDist(BaseModel):
@@ -130,9 +149,13 @@ class WorkloadSettings(BaseModel):
     prompt_tokens: int = Field(256, ge=1)  # fixed: every request's prompt
     output_tokens: int = Field(16, ge=1)  # fixed: every request's max_tokens
     shared_context: SharedContextSettings | None = None  # shared_context (None: the defaults)
+    classes: tuple[WorkloadClass, ...] = ()  # [[workload.classes]]: arrivals drawn by share
 
     @model_validator(mode="after")
     def _bounded(self) -> WorkloadSettings:
+        names = [c.name for c in self.classes]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"classes: name {name!r} is given more than once")
         if self.kind == "fixed":
             arrivals = self.arrivals_s
             if not arrivals:
@@ -159,7 +182,7 @@ class WorkloadSettings(BaseModel):
             raise ValueError("'log' is only for kind = \"log\"")
         if self.kind == "run":
             if self.run is None:
-                raise ValueError('kind = "run" needs \'run\' (a run directory)')
+                raise ValueError("kind = \"run\" needs 'run' (a run directory)")
             if self.prompt is not None or self.output is not None:
                 raise ValueError('kind = "run" takes its lengths from the run')
         elif self.run is not None:
@@ -292,6 +315,7 @@ def arrivals(w: WorkloadSettings, rng: random.Random) -> Iterator[Arrival]:
         source = _log(w)
     else:
         source = _synthetic(w, rng)
+    pick = _class_picker(w, rng)
     for count, arrival in enumerate(source):
         if w.duration_s is not None and arrival.t >= w.duration_s:
             return
@@ -299,9 +323,20 @@ def arrivals(w: WorkloadSettings, rng: random.Random) -> Iterator[Arrival]:
             return
         if arrival.prompt > w.max_prompt_tokens:
             prefix = _clamped(arrival.prefix, w.max_prompt_tokens)
-            yield Arrival(arrival.t, w.max_prompt_tokens, arrival.output, prefix)
-        else:
-            yield arrival
+            arrival = Arrival(arrival.t, w.max_prompt_tokens, arrival.output, prefix)
+        yield arrival if pick is None else dataclasses.replace(arrival, cls=pick())
+
+
+def _class_picker(w: WorkloadSettings, rng: random.Random) -> Callable[[], str] | None:
+    """Draws each arrival's class by share from an RNG of its own, seeded from the workload
+    RNG's state without drawing from it (the arrivals are those of the same run without
+    classes); None when no classes are defined."""
+    if not w.classes:
+        return None
+    own = random.Random("classes/" + ",".join(str(word) for word in rng.getstate()[1][:8]))
+    names = [c.name for c in w.classes]
+    weights = list(itertools.accumulate(c.share for c in w.classes))
+    return lambda: own.choices(names, cum_weights=weights)[0]
 
 
 def no_requests(w: WorkloadSettings) -> ValueError:

@@ -254,7 +254,8 @@ def test_bad_routing_names_key_and_reason(routing: dict, key: str, reason: str) 
         (  # an array of tables: the element's keys
             {"engines": [{"url": "http://a", "role": "both", "colour": "red"}]},
             "engines[0].colour: unknown key (check the spelling against the configuration "
-            "reference); valid keys: kv_endpoint, role, url",
+            "reference); valid keys: kv_endpoint, kv_events, kv_events_replay, kv_events_topic, "
+            "role, url",
         ),
         (  # two tables deep
             {

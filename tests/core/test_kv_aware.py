@@ -80,7 +80,8 @@ def test_a_temperature_spreads_by_a_softmax_of_the_costs() -> None:
 
 def test_kv_aware_without_a_block_identity_is_refused_with_the_reason() -> None:
     counts = {A: {"prefill": 0, "decode": 0}}
-    with pytest.raises(KvAwareUnavailable, match=r"routing\.prefill = 'kv_aware'.*simulator"):
+    reason = r"routing\.prefill = 'kv_aware' needs the engines' block identity"
+    with pytest.raises(KvAwareUnavailable, match=reason):
         KvAware("prefill", counts, random.Random(0), KvIndex(), None, KvAwareSettings())
 
 

@@ -181,6 +181,7 @@ def start_router(
     announce: Callable[[str], None] | None = None,
     client: dict[str, Any] | None = None,
     send_buffer: int | None = None,
+    flow: dict[str, Any] | None = None,
 ) -> RouterHandle:
     """A live router on a free loopback port, with short test timeouts (:data:`FAST_ENGINE`).
 
@@ -198,6 +199,8 @@ def start_router(
     if routing is not None:
         data["routing"] = routing
     data["admission"] = dict(admission or {})
+    if flow is not None:
+        data["flow"] = flow
     if max_body_bytes is not None:
         data["admission"]["max_body_bytes"] = max_body_bytes
     lines: list[bytes] = []

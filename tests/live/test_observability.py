@@ -42,12 +42,13 @@ def _promtool() -> str:
 
 @pytest.fixture
 def scraped(router: Callable[..., RouterHandle], emulator: Callable[..., Emulator]) -> str:
-    """A live router's /metrics after a streamed and a plain request (every series present)."""
+    """A live router's /metrics after a streamed and a plain request (every series present;
+    flow control on, so its per-band families are there)."""
     producer, consumer = emulator("prefill"), emulator("decode")
     handle = router([
         {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
         {"url": consumer.url, "role": "decode"},
-    ])  # fmt: skip
+    ], flow={"enabled": True, "saturation_gate": False})  # fmt: skip  (its families too)
     for stream in (True, False):
         body = {"prompt": "hi", "max_tokens": 4, "stream": stream}
         assert HTTP.post(handle.url + "/v1/completions", json=body).status_code == 200

@@ -125,13 +125,15 @@ def test_a_fleet_on_the_command_line_is_checked_as_a_file_is(tmp_path: Path) -> 
     assert both.returncode == 2 and "(got both)" in both.stderr
 
 
-def test_kv_aware_is_refused_at_start_with_the_key_and_the_reason(tmp_path: Path) -> None:
+def test_a_kv_event_endpoint_that_cannot_be_dialled_is_refused_with_the_key(
+    tmp_path: Path,
+) -> None:
     config = tmp_path / "narwhal.toml"
     config.write_text(tomli_w.dumps({
         "routing": {"decode": "kv_aware"},
         "engines": [
             {"url": "http://127.0.0.1:9", "role": "prefill"},
-            {"url": "http://127.0.0.1:10", "role": "decode"},
+            {"url": "http://127.0.0.1:10", "role": "decode", "kv_events": "tcp://*:5557"},
         ],
     }))  # fmt: skip
     done = subprocess.run(
@@ -139,5 +141,5 @@ def test_kv_aware_is_refused_at_start_with_the_key_and_the_reason(tmp_path: Path
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""
-    assert "routing.decode = 'kv_aware' needs the engines' block identity" in done.stderr
+    assert "engines[1].kv_events" in done.stderr and "tcp://*:5557" in done.stderr
     assert "Traceback" not in done.stderr

@@ -11,13 +11,13 @@ from pydantic import BaseModel
 from narwhal.sim.faults import FaultSpec
 from narwhal.sim.scenario import FleetSettings, LinearTimingSettings, SimSettings
 from narwhal.sim.shared_context import RateStage, SharedContextSettings
-from narwhal.sim.workload import LengthDist, WorkloadSettings
+from narwhal.sim.workload import LengthDist, WorkloadClass, WorkloadSettings
 from tests.compiled_stage import EXPECT_COMPILED
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
 MODELS: tuple[type[BaseModel], ...] = (
     FleetSettings, LinearTimingSettings, WorkloadSettings, LengthDist, SharedContextSettings,
-    RateStage, FaultSpec, SimSettings,
+    RateStage, FaultSpec, SimSettings, WorkloadClass,
 )  # fmt: skip
 
 

@@ -17,10 +17,10 @@ router, in :class:`~narwhal.core.placement.Placement`) is fed by the drivers wit
 KV events. A prompt's block chain comes from the *block identity* the router was built with
 (:data:`BlockChain`): the function that computes, from a client request, the block hashes the
 engines compute for it. It must be the engines' own scheme, or no hash ever matches: the
-simulator gives its simulated engines' scheme; the live router has none yet (vLLM hashes token
-ids, which the router does not have without a tokenizer), so ``kv_aware`` is refused there when
-the router is built. A request without a chain (None: no request, or content with no identity)
-is placed on load alone.
+simulator gives its simulated engines' scheme; the live router gives vLLM's, computed from the
+token ids a request carries (:mod:`narwhal.core.routing.block_identity`); a router built
+without one refuses ``kv_aware``. A request without a chain (None: no request, or content with
+no identity, such as a text prompt live) is placed on load alone.
 """
 
 from __future__ import annotations
@@ -51,9 +51,8 @@ def kv_aware_phases(routing: RoutingSettings) -> list[str]:
 def unavailable(phase: str) -> KvAwareUnavailable:
     """The refusal of ``kv_aware`` for ``phase`` on a router without a block identity."""
     return KvAwareUnavailable(
-        f"routing.{phase} = 'kv_aware' needs the engines' block identity, which only the "
-        "simulator provides so far (the live router has no tokenizer to hash token ids as vLLM "
-        "does); use prefix_affinity"
+        f"routing.{phase} = 'kv_aware' needs the engines' block identity, which this router "
+        "was not given (the simulator and narwhal serve give one); use prefix_affinity"
     )
 
 
