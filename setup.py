@@ -50,6 +50,7 @@ COMPILED = [
     "narwhal/core/requests.py",
     "narwhal/core/retry.py",
     "narwhal/core/routing/build.py",
+    "narwhal/core/routing/kv_aware.py",
     "narwhal/core/routing/load.py",
     "narwhal/core/routing/policy.py",
     "narwhal/core/routing/prefix.py",

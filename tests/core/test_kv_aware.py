@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from narwhal.core.config import KvAwareSettings
+from narwhal.core.config import ConfigError, KvAwareSettings
 from narwhal.core.requests import COMPLETIONS, ClientRequest
-from narwhal.core.routing.kv_aware import KvAware, KvAwareUnavailable
+from narwhal.core.routing.kv_aware import KvAware
 from narwhal.core.routing.kv_events import BlockHash, BlockStored, EventBatch
 from narwhal.core.routing.kv_index import KvIndex
 
@@ -81,7 +81,7 @@ def test_a_temperature_spreads_by_a_softmax_of_the_costs() -> None:
 def test_kv_aware_without_a_block_identity_is_refused_with_the_reason() -> None:
     counts = {A: {"prefill": 0, "decode": 0}}
     reason = r"routing\.prefill = 'kv_aware' needs the engines' block identity"
-    with pytest.raises(KvAwareUnavailable, match=reason):
+    with pytest.raises(ConfigError, match=reason):
         KvAware("prefill", counts, random.Random(0), KvIndex(), None, KvAwareSettings())
 
 

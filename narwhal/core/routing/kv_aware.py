@@ -39,18 +39,14 @@ BlockChain = Callable[[ClientRequest], Sequence[BlockHash] | None]
 """A request's full prompt blocks as the engines hash them, in order (None: no identity)."""
 
 
-class KvAwareUnavailable(ConfigError):
-    """``kv_aware`` was configured for a router that has no block identity for its engines."""
-
-
 def kv_aware_phases(routing: RoutingSettings) -> list[str]:
     """The phases ``routing`` places with ``kv_aware``."""
     return [phase for phase in ("prefill", "decode") if getattr(routing, phase) == "kv_aware"]
 
 
-def unavailable(phase: str) -> KvAwareUnavailable:
+def unavailable(phase: str) -> ConfigError:
     """The refusal of ``kv_aware`` for ``phase`` on a router without a block identity."""
-    return KvAwareUnavailable(
+    return ConfigError(
         f"routing.{phase} = 'kv_aware' needs the engines' block identity, which this router "
         "was not given (the simulator and narwhal serve give one); use prefix_affinity"
     )
