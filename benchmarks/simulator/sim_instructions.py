@@ -8,7 +8,7 @@ tenants), more than most changes do. Instructions executed do not: this script r
 step-time fit cancel out). Needs ``valgrind``; takes a minute or two.
 
     .venv-compiled/bin/python benchmarks/simulator/sim_instructions.py [--requests 2000] \
-        [--base 200]
+        [--base 200] [--stream-interval 16] [--keep DIR]
     .venv/bin/python benchmarks/simulator/sim_instructions.py  # the pure build (slower)
 
 Comparing two versions: run it with each (``PYTHONPATH`` at a build of each); equal counts mean
@@ -36,24 +36,27 @@ from sim_speed import GC_THRESHOLDS, build, scenario_for
 gc.set_threshold(*GC_THRESHOLDS)
 from narwhal.core.records import DecisionLog
 from narwhal.sim.runner import run
-run(scenario_for({requests}, 16, 16, 35.0), log=DecisionLog(enabled=False))
+run(scenario_for({requests}, {interval}, 16, 35.0), log=DecisionLog(enabled=False))
 print(build())
 """
 
 
-def instructions(requests: int) -> tuple[int, str]:
-    """Instructions callgrind counts for a whole process simulating ``requests`` requests, and
-    the build that process ran."""
+def instructions(requests: int, interval: int, keep: Path | None) -> tuple[int, str]:
+    """Instructions callgrind counts for a whole process simulating ``requests`` requests at
+    ``interval`` tokens per streamed chunk, and the build that process ran; ``keep``: a folder
+    to keep callgrind's output in (for ``callgrind_annotate``)."""
     with tempfile.TemporaryDirectory() as tmp:
+        folder = keep if keep is not None else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         out = subprocess.run(
             [
                 "valgrind",
                 "--tool=callgrind",
-                f"--callgrind-out-file={tmp}/callgrind.out",
+                f"--callgrind-out-file={folder}/callgrind.{requests}.out",
                 sys.executable,
                 "-P",  # not the working directory first on sys.path: a checkout there is pure
                 "-c",
-                CHILD.format(here=str(HERE), requests=requests),
+                CHILD.format(here=str(HERE), requests=requests, interval=interval),
             ],
             capture_output=True,
             text=True,
@@ -70,16 +73,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--base", type=int, default=200)
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=16,
+        help="tokens per streamed chunk (vLLM's --stream-interval; its default is 1)",
+    )
+    parser.add_argument(
+        "--keep", type=Path, help="keep callgrind's output files here (callgrind_annotate)"
+    )
     args = parser.parse_args()
-    if args.requests < 1 or args.base < 1:
-        parser.error("--requests and --base must be at least 1")
+    if args.requests < 1 or args.base < 1 or args.stream_interval < 1:
+        parser.error("--requests, --base and --stream-interval must be at least 1")
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (it counts the instructions)")
-    base, build = instructions(args.base)
-    total, _ = instructions(args.base + args.requests)
+    base, build = instructions(args.base, args.stream_interval, args.keep)
+    total, _ = instructions(args.base + args.requests, args.stream_interval, args.keep)
     per = (total - base) / args.requests
     print(
-        f"[{build} build] {per:,.0f} instructions per simulated request "
+        f"[{build} build, stream_interval {args.stream_interval}] {per:,.0f} instructions per "
+        "simulated request "
         f"({args.base:,} vs {args.base + args.requests:,} requests: {base:,} vs {total:,})"
     )
 

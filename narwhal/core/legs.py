@@ -360,13 +360,30 @@ class DecodeLeg:
         if isinstance(result, Chunk):
             self._take(now, result.data, out)
         elif isinstance(result, Burst):
+            # A read equal to the last one, which started and ended at an event boundary after
+            # the first token, has that read's events and changes nothing else (every event was
+            # a token or metadata: anything else ends the stream), so it is not parsed again: a
+            # simulated engine at one token per chunk writes the same bytes for every chunk.
+            repeat: bytes | None = None
+            same: list[SseEvent] = []
             for at, data in result.reads:
                 if at >= self.deadline:
                     self.fault = self._timeout()
                     break
+                if data == repeat:
+                    for event in same:
+                        out.append((at, event))
+                    self.forwarded(at)
+                    continue
+                fresh = self.parser.at_boundary
+                start = len(out)
                 self._take(at, data, out)
                 if self.done or self.fault is not None:
                     break
+                if fresh and self.got_token and self.parser.at_boundary:
+                    repeat, same = data, [event for _, event in out[start:]]
+                else:
+                    repeat = None
         elif isinstance(result, TimedOut):
             self.fault = self._timeout()
         else:  # StreamEnd | ConnectFailed

@@ -266,6 +266,12 @@ class SseParser:
         """Whether bytes of an unfinished event are held (after :meth:`close`: were discarded)."""
         return bool(self._partial) or bool(self._data)
 
+    @property
+    def at_boundary(self) -> bool:
+        """Whether nothing of an earlier event is held (no partial line, data line or CR): the
+        events of the next chunk then depend on that chunk alone."""
+        return not (self._partial or self._data or self._skip_lf)
+
     def feed(self, chunk: bytes) -> list[SseEvent]:
         """Take the next bytes of the stream; return the events they complete, in order."""
         if self._closed:

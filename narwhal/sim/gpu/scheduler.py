@@ -22,7 +22,10 @@ Theory of operation:
   has context ``c0 + (s - j)`` at step ``s``, so the batch's total context is one running sum
   (``ctx_base + len(decoding) * s``), and the steps at which a sequence needs a block, must
   emit output (every ``stream_interval`` tokens) or finishes are filed in buckets keyed by step
-  number. A step costs O(1) plus the sequences that have something due at it.
+  number. A step costs O(1) plus the sequences that have something due at it. The decodes
+  that emitted at a step and stay in the batch are due again ``stream_interval`` steps later:
+  their entries (unchanged: same sequence, same ``run``) go there as one list, so at one token
+  per chunk a decode's chunk costs one append, not a new entry filed in the table.
 - A bucket entry carries the sequence's ``run``; a sequence that left the batch since has a new
   ``run``, and its old entries are skipped. The longest decode context (what a skewed batch's
   attention pays for) is the top of a heap of ``c0 - j`` kept the same way: entries of
@@ -317,8 +320,10 @@ class Scheduler:
                     self._join_decode(seq, step + 1)
         due = self.out_due.pop(step, None)
         if due:
-            interval = self.params.stream_interval
-            for seq, run in due:
+            later = step + self.params.stream_interval  # where a decode's next chunk is due
+            again: list[tuple[Seq, int]] = []  # the entries due again then, in order
+            for entry in due:
+                seq, run = entry
                 if seq.run != run:
                     continue
                 finish = seq.j + seq.out - seq.gen - 1
@@ -334,9 +339,17 @@ class Scheduler:
                 self._emit(seq, False, now)
                 if seq.state is DECODE and seq.run == run:
                     seq.gen = joined_at  # while decoding, gen stays the count at the join step
-                    nxt = step + 1 if seq.fault is not None else min(finish, step + interval)
-                    if nxt < finish:
+                    nxt = step + 1 if seq.fault is not None else min(finish, later)
+                    if nxt == later and nxt < finish:
+                        again.append(entry)  # (the same run: its entry serves again)
+                    elif nxt < finish:
                         _file(self.out_due, nxt, seq)
+            if again:  # nothing in the loop files at ``later``: the order is the one-by-one
+                bucket = self.out_due.get(later)
+                if bucket is None:
+                    self.out_due[later] = again
+                else:
+                    bucket.extend(again)
         self.it = step + 1
 
     # ------------------------------------------------------------------ the decode batch
