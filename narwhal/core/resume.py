@@ -138,7 +138,7 @@ def without_ids(raw: bytes) -> bytes:
                 end = 0
             if end <= start:
                 break
-            raw = raw[:at] + raw[end:]
+            raw = b"".join((raw[:at], raw[end:]))  # (no bytes +: compiled, see setup.py)
             at = raw.find(name, at)
     return raw
 
@@ -320,7 +320,8 @@ class StreamResume:
             return wire.DONE
         created = self.created if type(self.created) is int else 0
         writer = wire.ChunkWriter(str(self.response_id), str(self.model), created, chat=False)
-        return writer.usage_chunk(len(self.prompt_ids), len(self.delivered)) + wire.DONE
+        usage = writer.usage_chunk(len(self.prompt_ids), len(self.delivered))
+        return b"".join((usage, wire.DONE))
 
     # ------------------------------------------------------------ the decision
 
