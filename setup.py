@@ -38,6 +38,7 @@ COMPILED = [
     "narwhal/core/client_writes.py",
     "narwhal/core/descriptor.py",
     "narwhal/core/empty_streams.py",
+    "narwhal/core/entry.py",
     "narwhal/core/errors.py",
     "narwhal/core/jsoncopy.py",
     "narwhal/core/jsonparse.py",

@@ -382,7 +382,7 @@ class SimTransport:
 
     def next_chunk(self, handle: Any, deadline: float) -> Ready | _ChunkOp:
         stream: SimStream = handle
-        if stream.buffer or stream.ended is not None:
+        if stream.chunks or stream.ended is not None:
             return Ready(take_chunk(stream))
         return _ChunkOp(self, stream, deadline)
 

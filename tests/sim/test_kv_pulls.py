@@ -187,7 +187,7 @@ class Consumer:
     def delivered(self, rid: str) -> int:
         """The tokens ``rid``'s stream carried, to its end."""
         stream = self.streams[rid]
-        assert stream.buffer[-1][1] == DONE, f"{rid} did not end"
+        assert stream.chunks[-1] == DONE, f"{rid} did not end"
         return self.engine.totals.delivered[rid]
 
 
@@ -386,7 +386,7 @@ def test_a_failed_pull_follows_the_kv_load_failure_policy(policy: str) -> None:
     c.run()
     assert c.engine.load()["transferring"] == 0 and c.delivered("a") == 60
     assert c.engine.load()["free_blocks"] == c.engine.params.num_blocks
-    data = b"".join(chunk for _at, chunk in c.streams["p"].buffer)
+    data = b"".join(c.streams["p"].chunks)
     if policy == "fail":
         assert ERROR_500 in data and data.endswith(DONE) and b'"text"' not in data
         assert not c.chunk_steps("p") and not c.decode_steps("p")

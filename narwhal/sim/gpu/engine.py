@@ -235,7 +235,7 @@ class SimEngine:
             seq.remote = params
             seq.need = 0
         if seq.chat:
-            stream.buffer.append((self.env.now, seq.head.role_chunk()))
+            stream.write(self.env.now, seq.head.role_chunk())
         self.scheduler.add(seq)
         return StreamOpened(stream, 200)
 

@@ -54,10 +54,10 @@ class StreamWriter:
                 data = token_chunk(seq.head, n, final, asked is not None, prompt)
                 if not final and prompt is None:
                     seq.chunk_tokens, seq.chunk = n, data
-            stream.buffer.append((now, data))
+            stream.write(now, data)
         if final:
             self.totals.deliver(seq.rid, seq.emitted)
-            stream.buffer.append((now, DONE))
+            stream.write(now, DONE)
             stream.ended = EOF
         if stream.waiter is not None and (final or first or not self.coalesce_reads):
             self.wake.append(stream)
@@ -78,7 +78,7 @@ class StreamWriter:
         if kind == "stall":  # the stream stays open and says nothing more
             return kind
         if kind == "early_done":
-            stream.buffer.append((now, DONE))
+            stream.write(now, DONE)
             stream.ended = EOF
         elif kind == "inband_error":
             self.send_error(stream, now)
@@ -90,8 +90,8 @@ class StreamWriter:
 
     def send_error(self, stream: SimStream, now: float) -> None:
         """End ``stream`` with vLLM's in-band error event and ``[DONE]``."""
-        stream.buffer.append((now, ERROR_500))
-        stream.buffer.append((now, DONE))
+        stream.write(now, ERROR_500)
+        stream.write(now, DONE)
         stream.ended = EOF
 
     def flush_one(self, stream: SimStream) -> None:

@@ -79,23 +79,37 @@ RESET: Final = Ending.RESET
 class SimStream:
     """An open decode stream: bytes the engine produced and the router has not read yet."""
 
-    __slots__ = ("buffer", "deadline", "ended", "engine", "seq", "timer_at", "waiter")
+    __slots__ = ("chunks", "deadline", "ended", "engine", "seq", "timer_at", "times", "waiter")
 
     def __init__(self, engine: StreamCloser) -> None:
         self.engine = engine
         self.seq: Seq | None = None
-        self.buffer: list[tuple[float, bytes]] = []  # (arrival time, bytes), oldest first
+        # the writes not read yet, oldest first: their arrival times and their bytes, side by
+        # side rather than as pairs, so that a held write makes no object the cyclic garbage
+        # collector must track (at one token per chunk, one a token, held for seconds)
+        self.times: list[float] = []
+        self.chunks: list[bytes] = []
         self.waiter: Resumer | None = None  # set by the transport while the router waits
         self.deadline = 0.0  # the waiter's deadline (the transport's lazy timer reads it)
         self.timer_at = -1.0  # when the transport's pending deadline timer fires (-1: none)
         self.ended: Ending | None = None
 
+    def write(self, at: float, data: bytes) -> None:
+        """The engine wrote ``data`` at ``at``."""
+        self.times.append(at)
+        self.chunks.append(data)
+
+    def held(self) -> list[tuple[float, bytes]]:
+        """The writes not read yet, as ``(arrival time, bytes)``, oldest first."""
+        return list(zip(self.times, self.chunks, strict=True))
+
 
 def take_chunk(stream: SimStream) -> ChunkResult | None:
     """What a read of ``stream`` returns now, or None when the router must wait."""
-    if stream.buffer:
-        reads = tuple(stream.buffer)
-        stream.buffer.clear()
+    if stream.chunks:
+        reads = tuple(zip(stream.times, stream.chunks, strict=True))
+        stream.times.clear()
+        stream.chunks.clear()
         return Burst(reads)
     if stream.ended is None:
         return None

@@ -176,7 +176,7 @@ def replay(
     out = []
     for i, (request, stream) in enumerate(zip(run.requests, streams, strict=True)):
         assert stream is not None
-        stamps = [t for t, data in stream.buffer if data is not DONE and data != DONE]
+        stamps = [t for t, data in stream.held() if data is not DONE and data != DONE]
         if not stamps or stream.ended is None:
             raise ProfileError(f"request {i} did not finish in the replay")
         out.append(
