@@ -40,6 +40,9 @@ TOKEN = b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
 META = b'data: {"choices":[{"index":0,"text":"","finish_reason":null}]}\n\n'
 ERROR = b'data: {"error":{"message":"boom","type":"x","code":503}}\n\n'
 DONE = b"data: [DONE]\n\n"
+# a token event cut in two reads: a read of TAIL is a token only after HEAD (so a repeated read
+# is the same events only where it starts at an event's boundary)
+HEAD, TAIL = TOKEN[:20], TOKEN[20:]
 P, C = "http://p", "http://c"
 
 
@@ -196,7 +199,9 @@ def _held_back(
 @settings(max_examples=300, deadline=None)
 @given(
     gaps=st.lists(st.sampled_from([0.05, 0.2, 0.45, 0.5, 0.6, 1.1]), min_size=1, max_size=12),
-    kinds=st.lists(st.sampled_from([TOKEN, TOKEN, META, ERROR, DONE]), min_size=12, max_size=12),
+    kinds=st.lists(
+        st.sampled_from([TOKEN, TOKEN, META, ERROR, DONE, HEAD, TAIL]), min_size=12, max_size=12
+    ),
     cuts=st.sets(st.integers(1, 12)),
 )
 def test_any_grouping_into_bursts_reads_like_one_read_at_a_time(
@@ -223,6 +228,17 @@ def test_a_repeated_read_means_what_it_meant_the_first_time_and_a_split_one_is_p
     bad = b"data: {nope\n\n"
     r.read(Chunk(bad), 0.8)
     assert r.fault is not None and r.fault.kind is FaultKind.MALFORMED_RESPONSE
+    # in one burst: a read that ended an event begun before it is no repeatable read (alone,
+    # the same bytes are a line of another field and a blank line: no event)
+    cut = reader()
+    events = cut.read(Burst(((0.1, TOKEN), (0.2, HEAD), (0.3, TAIL), (0.4, TAIL))), 0.4)
+    assert [at for at, _ in events] == [0.1, 0.3] and cut.fault is None
+    again = reader()  # a read of whole events, repeated: the same events each time
+    events = again.read(Burst(((0.1, META), (0.2, TOKEN + META), (0.3, TOKEN + META))), 0.3)
+    assert [e.kind for _, e in events] == [EventKind.METADATA] + [
+        EventKind.TOKEN,
+        EventKind.METADATA,
+    ] * 2
 
 
 def test_an_event_that_never_ends_is_malformed_once_it_passes_the_bound() -> None:
