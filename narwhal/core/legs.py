@@ -255,7 +255,9 @@ class DecodeLeg:
     ``(arrival time, event)`` pairs it carries, in order; when the read shows a fault the events
     before it are still returned and :attr:`fault` is set. Nothing is read after a fault or
     after ``[DONE]`` (:attr:`done`). A :class:`Burst` is taken read by read, each at its own
-    arrival time, exactly as if the reads had come one at a time.
+    arrival time, exactly as if the reads had come one at a time; a read equal to the one before
+    it, where that one started and ended at an event boundary, is that read's events again, not
+    parsed a second time.
     """
 
     __slots__ = (
