@@ -115,14 +115,15 @@ def test_a_run_or_profile_it_cannot_use_gets_a_clear_error(tmp_path, capsys):
 @pytest.mark.parametrize("run_dir", [RTX4090, PRO6000], ids=["RTX4090", "RTXPRO6000"])
 def test_the_llama_runs_stay_within_the_accuracy_goal(run_dir: Path) -> None:
     """Accuracy regression (deterministic replay): means within 5%, p90/p99 within 10%, KS
-    not rejecting TPOT or end-to-end latency. Figures: docs/simulator.md, Fidelity."""
+    rejecting none of TTFT, TPOT or end-to-end latency (TTFT's shape since async scheduling is
+    modelled). Figures: docs/simulator.md, Fidelity."""
     result = validate(run_dir).result
     for metric in ("ttft_ms", "tpot_ms", "latency_ms"):
         errors = result[metric]["error_pct"]
         assert abs(errors["mean"]) < 5, (metric, errors)
         assert abs(errors["p90"]) < 10 and abs(errors["p99"]) < 10, (metric, errors)
-    assert result["tpot_ms"]["ks_p"] > 0.05, result["tpot_ms"]
-    assert result["latency_ms"]["ks_p"] > 0.05, result["latency_ms"]
+    for metric in ("ttft_ms", "tpot_ms", "latency_ms"):
+        assert result[metric]["ks_p"] > 0.05, (metric, result[metric])
 
 
 H100 = RUNS / "H100"

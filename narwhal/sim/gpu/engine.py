@@ -150,6 +150,7 @@ class SimEngine:
 
     def _on_wake(self, _event: simpy.Event) -> None:
         self._waking = False
+        self.scheduler.woke()
         self._next_step(self.env.now)
 
     def _next_step(self, now: float) -> None:
