@@ -56,11 +56,13 @@ GPUS = {
             round(95.5 * GIB),
             "95.5 GiB as torch reports the device in public run records (nameplate 96 GB)",
             # LLMServingSim's figures for this machine's GPU link (link_bw 16 GB/s, link_latency
-            # 20 us in its bench/examples RTX PRO 6000 config.json), which its authors state
-            # calibrate its ring all-reduce against real NCCL on this PCIe 5.0 machine
-            # (serving/__main__.py, on the MoE all-gather size)
+            # 20 us per link in its bench/examples RTX PRO 6000 config.json), which its authors
+            # state calibrate its ring all-reduce against real NCCL on this PCIe 5.0 machine
+            # (serving/__main__.py, on the MoE all-gather size). A ring all-reduce over p ranks
+            # crosses 2(p - 1) links (the alpha-beta ring model), so one all-reduce over the two
+            # ranks its runs use pays two link latencies: 40 us
             16.0,
-            20.0,
+            2 * 20.0,
         ),
     )
 }
