@@ -5,7 +5,8 @@ as without it. Enabled, a request that finds no admission slot (or a saturated f
 the queue of its priority band instead of being refused; it is dispatched only by
 :meth:`FlowControl.pump`, which takes its admission slot for it, and leaves the queue only by
 dispatch, by a refusal that names its reason (``queue_full``, ``queue_ttl``,
-``probabilistic``), or by its client going away. No refusal here reaches placement, so no engine
+``probabilistic``, or ``deadline``: its request deadline came before its TTL and passed), or
+by its client going away. No refusal here reaches placement, so no engine
 is ever charged for one. Pure: time comes in as ``now``, randomness from the seeded RNG the
 policies hand over.
 
@@ -47,8 +48,9 @@ from narwhal.core.routing.load import LoadReports
 QUEUE_FULL = "queue_full"
 QUEUE_TTL = "queue_ttl"
 PROBABILISTIC = "probabilistic"
+DEADLINE = "deadline"
 CLIENT_GONE = "client_gone"
-REASONS = (QUEUE_FULL, QUEUE_TTL, PROBABILISTIC)
+REASONS = (QUEUE_FULL, QUEUE_TTL, PROBABILISTIC, DEADLINE)
 """Why flow control refuses a request (bounded: metric labels and record texts)."""
 
 
@@ -259,8 +261,8 @@ class FlowControl:
         return reason
 
     def expire(self, ticket: Ticket, now: float, reason: str) -> None:
-        """Take a still-queued ticket out: its TTL passed (``queue_ttl``, counted and logged)
-        or its client left (``client_gone``, neither: the client, not the router, ended it)."""
+        """Take a still-queued ticket out: its TTL or its request deadline passed
+        (``queue_ttl`` or ``deadline``, counted and logged) or its client left (``client_gone``, neither: the client, not the router, ended it)."""
         if ticket.state != "queued":
             return
         self._bands[ticket.key.priority].remove(ticket)
