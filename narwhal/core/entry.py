@@ -21,8 +21,9 @@ request queues instead (:mod:`narwhal.core.flow`): it waits on a driver's
 taken) or refuses it, and is answered 503 + ``Retry-After`` with outcome ``shed`` and an error
 naming the reason; one whose request deadline (``engine.request_timeout_s``) passes before its
 queue TTL gets the deadline's answer instead, as any request past its deadline: 504, outcome
-``deadline``, reason ``deadline`` in flow control's counts. Each finished request pumps the queue; while it is gated by saturation, one
-background loop per router pumps it every ``flow.poll_interval_s``.
+``deadline``, reason ``deadline`` in flow control's counts. Each finished request pumps the
+queue; while it is gated by saturation, one background loop per router pumps it every
+``flow.poll_interval_s``.
 
 Why 503 and not 429: the bound is the router's capacity, not something one client did (429 is
 "the user has sent too many requests", RFC 6585); 503 is "temporarily overloaded" (RFC 9110,

@@ -19,6 +19,8 @@ while an admission slot is free and the fleet is not saturated: the highest band
 a band the flows take turns (round robin); within a flow the oldest (``fcfs``) or the earliest
 deadline (``edf``: arrival + ``x-slo-ttft-ms``; requests without one after those with one).
 The drivers' part (waiting on a ticket, the TTL, waking) is :mod:`narwhal.core.entry`.
+Counters are kept per band (:class:`BandStats`) and per fairness flow label, a bounded set
+(:mod:`narwhal.core.flow_labels`).
 
 Saturation (:meth:`FlowControl.saturation`): per engine ``max(waiting / queue_threshold,
 kv_usage / kv_threshold)`` from its latest load report; a report older than
@@ -42,6 +44,7 @@ from typing import Protocol
 
 from narwhal.core.admission import Admission
 from narwhal.core.config import FlowSettings, Role
+from narwhal.core.flow_labels import FlowLabels
 from narwhal.core.records import DecisionLog
 from narwhal.core.routing.load import LoadReports
 
@@ -113,7 +116,16 @@ def classify(headers: Mapping[str, str], settings: FlowSettings) -> FlowKey:
 class Ticket:
     """One queued request: its key, times, and how it left the queue."""
 
-    __slots__ = ("arrival", "expires", "key", "order", "request_id", "state", "waiter")
+    __slots__ = (
+        "arrival",
+        "expires",
+        "flow_label",
+        "key",
+        "order",
+        "request_id",
+        "state",
+        "waiter",
+    )
 
     def __init__(self, request_id: str, key: FlowKey, arrival: float, expires: float) -> None:
         self.request_id = request_id
@@ -123,6 +135,7 @@ class Ticket:
         self.order = 0  # arrival sequence (ties in EDF go to the earlier)
         self.state = "queued"  # queued | dispatched | refused
         self.waiter: Waker | None = None
+        self.flow_label = ""  # its fairness flow's metric label (narwhal.core.flow_labels)
 
     @property
     def dispatched(self) -> bool:
@@ -204,6 +217,7 @@ class FlowControl:
         self._order = 0
         self.queued = 0
         self.stats: dict[int, BandStats] = {}
+        self.flow_labels = FlowLabels(settings.max_flow_labels, settings.flow_label_min_requests)
         self._dispatch_times: deque[float] = deque()  # recent dispatches, oldest first
         self._release_times: deque[float] = deque()  # recent ends of dispatched requests
         self.poller_running = False  # a driver's loop re-pumps while the gate is shut
@@ -230,16 +244,18 @@ class FlowControl:
         """Queue a request (and pump): its ticket, or the reason it is refused at once."""
         key = FlowKey(self.band_label(key.priority), key.flow, key.slo_ttft_s)
         stats = self._stats(key.priority)
+        label = self.flow_labels.label(key.flow)
         if key.priority < 0 and self.settings.probabilistic_shedding:
             saturation = self.saturation(now)
             if saturation is not None and self._rng.random() < min(saturation**5 * 300, 1.0):
-                return self._refuse(now, request_id, key, PROBABILISTIC, stats)
+                return self._refuse(now, request_id, key, PROBABILISTIC, stats, label)
         band = self._bands.get(key.priority)
         if band is not None and band.size >= self.settings.max_queue_per_band:
-            return self._refuse(now, request_id, key, QUEUE_FULL, stats)
+            return self._refuse(now, request_id, key, QUEUE_FULL, stats, label)
         if band is None:
             band = self._bands[key.priority] = _Band()
         ticket = Ticket(request_id, key, now, min(deadline, now + self.settings.queue_ttl_s))
+        ticket.flow_label = label
         self._order += 1
         ticket.order = self._order
         rank = now
@@ -248,13 +264,22 @@ class FlowControl:
         band.push(ticket, rank)
         self.queued += 1
         stats.queued += 1
+        self.flow_labels.stats_of(label).queued += 1
         self.pump(now)
         return ticket
 
     def _refuse(
-        self, now: float, request_id: str, key: FlowKey, reason: str, stats: BandStats
+        self,
+        now: float,
+        request_id: str,
+        key: FlowKey,
+        reason: str,
+        stats: BandStats,
+        label: str,
     ) -> str:
         stats.refuse(reason)
+        refused = self.flow_labels.stats_of(label).refused
+        refused[reason] = refused.get(reason, 0) + 1
         self._log.add(
             now, "flow_refused", None, request=request_id, band=key.priority, reason=reason
         )
@@ -262,16 +287,16 @@ class FlowControl:
 
     def expire(self, ticket: Ticket, now: float, reason: str) -> None:
         """Take a still-queued ticket out: its TTL or its request deadline passed
-        (``queue_ttl`` or ``deadline``, counted and logged) or its client left (``client_gone``, neither: the client, not the router, ended it)."""
+        (``queue_ttl`` or ``deadline``, counted and logged) or its client left (``client_gone``,
+        neither: the client, not the router, ended it)."""
         if ticket.state != "queued":
             return
         self._bands[ticket.key.priority].remove(ticket)
         self.queued -= 1
         ticket.state = "refused"
         if reason != CLIENT_GONE:
-            self._refuse(
-                now, ticket.request_id, ticket.key, reason, self._stats(ticket.key.priority)
-            )
+            stats = self._stats(ticket.key.priority)
+            self._refuse(now, ticket.request_id, ticket.key, reason, stats, ticket.flow_label)
 
     def gate_shut(self, now: float) -> bool:
         """Whether the saturation detector holds dispatch back now."""
@@ -292,6 +317,9 @@ class FlowControl:
             stats = self._stats(priority)
             stats.dispatched += 1
             stats.wait_s_total += now - ticket.arrival
+            by_flow = self.flow_labels.stats_of(ticket.flow_label)
+            by_flow.dispatched += 1
+            by_flow.wait_s_total += now - ticket.arrival
             dispatched += 1
             if ticket.waiter is not None:
                 ticket.waiter.wake()
@@ -363,5 +391,29 @@ class FlowControl:
                 "dispatched": stats.dispatched,
                 "mean_wait_s": stats.wait_s_total / stats.dispatched if stats.dispatched else 0.0,
                 "refused": dict(stats.refused or dict.fromkeys(REASONS, 0)),
+            }
+        return out
+
+    def flow_queue_lengths(self) -> dict[str, int]:
+        """Requests queued now per fairness flow label (every band together)."""
+        lengths = dict.fromkeys(self.flow_labels.stats, 0)
+        for band in self._bands.values():
+            for flow, queue in band.flows.items():
+                label = self.flow_labels.labelled(flow)
+                lengths[label] = lengths.get(label, 0) + len(queue)
+        return lengths
+
+    def flow_snapshot(self) -> dict[str, dict[str, object]]:
+        """Per fairness flow label: the same fields as :meth:`snapshot`'s per band."""
+        lengths = self.flow_queue_lengths()
+        out: dict[str, dict[str, object]] = {}
+        for label in sorted(self.flow_labels.stats):
+            stats = self.flow_labels.stats[label]
+            out[label] = {
+                "queue_length": lengths.get(label, 0),
+                "queued": stats.queued,
+                "dispatched": stats.dispatched,
+                "mean_wait_s": stats.wait_s_total / stats.dispatched if stats.dispatched else 0.0,
+                "refused": {reason: stats.refused.get(reason, 0) for reason in REASONS},
             }
         return out
