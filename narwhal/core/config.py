@@ -165,6 +165,10 @@ class FlowSettings(_Strict):
     # drop sheddable (band < 0) arrivals with probability min(saturation^5 * 300, 1)
     probabilistic_shedding: bool = False
     max_bands: Annotated[Count, Field(ge=1, le=64)] = 8  # distinct bands (bounds metric labels)
+    # fairness flows with a metric label of their own (the heaviest by traffic, once they have
+    # sent flow_label_min_requests); every other flow is counted under "other"
+    max_flow_labels: Annotated[Count, Field(ge=0, le=256)] = 16
+    flow_label_min_requests: Annotated[Count, Field(ge=1)] = 10
 
     @field_validator("priority_header", "fairness_header", "deadline_header")
     @classmethod

@@ -530,6 +530,8 @@ def status_document(policies: Policies, clock: AnyioClock) -> dict[str, Any]:
         "time": clock.wall(),
         # [flow] enabled: per band, queue length, queued, dispatched, mean wait, refusals
         **({"flow": policies.flow.snapshot()} if policies.flow.enabled else {}),
+        # and per fairness flow label (the heaviest flows by name, the rest as "other")
+        **({"flow_fairness": policies.flow.flow_snapshot()} if policies.flow.enabled else {}),
     }
 
 
