@@ -56,14 +56,18 @@ def test_a_queued_request_leaves_at_its_request_deadline_with_the_deadline_answe
     host, port = handle.url.removeprefix("http://").split(":")
     body = json.dumps({"model": MODEL, "prompt": "late", "max_tokens": 5}).encode()
     # the late request's deadline runs from its head: send the head first, the body later,
-    # so that it queues behind a holder whose own deadline comes after its own
+    # so that it queues behind a holder whose own deadline comes after its own. The router's
+    # interim 100 Continue says it has read the head and begun handling it.
     late = socket.create_connection((host, int(port)), timeout=10)
     late.sendall(
         b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
+        b"expect: 100-continue\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
     )
     head_sent = time.monotonic()
-    time.sleep(0.05)  # not a wait on the router: the holder's head must come after this one's
+    interim = b""
+    while not interim.endswith(b"\r\n\r\n"):  # bounded by the socket's 10 s timeout
+        interim += late.recv(1)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n", interim
     first: list[Any] = []
     leave = threading.Event()
     holder = threading.Thread(target=hold, args=(handle.url, leave, first))
