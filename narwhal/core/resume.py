@@ -27,13 +27,13 @@ prompt's ids and the ids it delivered. After a committed failure the lifecycle a
 :meth:`StreamResume.after_failure`: end (every token delivered), resume (the fault, ids
 complete, max_resumes, the request deadline, the stated sequence length, the retry budget), or
 refuse; a resume is a fresh attempt (new ids, re-placed, the failed engine avoided) whose leg
-request (:meth:`StreamResume.leg_request`) is a completions request whose ``prompt`` is the prompt's ids
-plus the delivered ids and whose ``max_tokens`` is the uninterrupted stream's output limit
-(:meth:`StreamResume.output_limit`) less the delivered count, ``min_tokens`` reduced likewise: a
-fresh prefill on a producer, then decode on a consumer. A resumed leg's events reach the
-client rewritten (:meth:`StreamResume.wire`) to the first leg's ``id`` and ``created``, without
-the leg's own ``prompt_token_ids``, its usage chunk counting the original prompt and every
-delivered token, so the client sees one stream.
+request (:meth:`StreamResume.leg_request`) is a completions request whose ``prompt`` is the
+prompt's ids plus the delivered ids and whose ``max_tokens`` is the uninterrupted stream's
+output limit (:meth:`StreamResume.output_limit`) less the delivered count, ``min_tokens``
+reduced likewise: a fresh prefill on a producer, then decode on a consumer. A resumed leg's
+events reach the client rewritten (:meth:`StreamResume.wire`) to the first leg's ``id`` and
+``created`` (a chat's, into chat chunks), without the leg's own ``prompt_token_ids``, its usage
+chunk counting the original prompt and every delivered token, so the client sees one stream.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ What a replay needs besides (``narwhal replay``; written only into a JSON log, `
 not as an embedder's warnings): an ``attempt_failed`` line for each attempt that failed and was
 retried, or whose committed stream was resumed elsewhere (``engine`` charged, ``fault``,
 ``request``, and ``resumed``: true for a resumed stream, ``ended``: true for one the router
-ended itself, every token delivered; the request line says only how the last attempt ended), and at start a ``router`` line (:meth:`EngineEventLog.router_started`) with
+ended itself, every token delivered; the request line says only how the last attempt ended),
+and at start a ``router`` line (:meth:`EngineEventLog.router_started`) with
 the fleet (``engines``: url and role) and the ``[engine]`` and ``[recovery]`` settings in force.
 """
 

@@ -119,7 +119,9 @@ def test_a_consumer_dying_mid_stream_is_resumed_with_the_uninterrupted_text(
 ) -> None:
     dying, healthy, handle = fleet(emulator, router)
     dying.faults({**fault, "after_tokens": DIE_AFTER})
-    events, record = until_placed_on_the_dying(handle, dying, stream_options={"include_usage": True})
+    events, record = until_placed_on_the_dying(
+        handle, dying, stream_options={"include_usage": True}
+    )
     assert text_of(events) == uninterrupted()
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     chunks = [e for e in events if isinstance(e, dict)]
