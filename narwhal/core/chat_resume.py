@@ -32,6 +32,8 @@ from typing import Any
 
 from narwhal.core.requests import COMPLETIONS
 
+CONTINUATION_ENDPOINT = COMPLETIONS  # vLLM's chat endpoint takes no token-id prompt
+
 # ChatCompletionRequest fields the pinned vLLM's CompletionRequest lacks (it would ignore them
 # with a warning), and ``add_special_tokens`` (a chat default of False that concerns rendering
 # the messages, done already: a token-id prompt is not tokenised again)
@@ -100,17 +102,16 @@ def parsed(choice: dict[str, Any]) -> bool:
 
 def continuation_body(body: dict[str, Any]) -> dict[str, Any]:
     """A chat body as a completions body (the caller sets ``prompt`` and the limits):
-    chat-only fields dropped, the chat's output limit as ``max_tokens``."""
-    out = {k: v for k, v in body.items() if k not in CHAT_ONLY_FIELDS}
+    chat-only fields dropped, the chat's output limit as ``max_tokens``. ``logprobs`` goes too:
+    a chat's is a flag (one that is set refuses the resume), a completion's a count, and a
+    chat's ``false`` read as a count would be 0 — logprobs of each sampled token."""
+    out = {k: v for k, v in body.items() if k not in CHAT_ONLY_FIELDS and k != "logprobs"}
     limit = chat_limit(body)
     if limit is None:
         out.pop("max_tokens", None)
     else:
         out["max_tokens"] = limit
     return out
-
-
-CONTINUATION_ENDPOINT = COMPLETIONS
 
 
 def as_chat_chunk(payload: dict[str, Any], keep_ids: bool) -> dict[str, Any]:

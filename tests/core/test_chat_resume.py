@@ -83,7 +83,7 @@ def decide(resume: StreamResume, now: float = 1.0, **recovery: Any) -> str:
 
 
 def test_a_chat_is_continued_as_completions_from_the_ids_the_engine_reported() -> None:
-    resume = StreamResume(chat_request(), None)
+    resume = StreamResume(chat_request(logprobs=False), None)
     first = resume.leg_request()
     assert first.endpoint == CHAT and first.body["return_token_ids"] is True
     assert first.body["messages"] == MESSAGES
@@ -96,6 +96,7 @@ def test_a_chat_is_continued_as_completions_from_the_ids_the_engine_reported() -
     assert leg.body["prompt"] == [1, 2, 3, 10, 11]
     assert (leg.body["max_tokens"], leg.body["min_tokens"]) == (8, 2)
     assert not set(leg.body) & CHAT_ONLY_FIELDS  # (the messages were rendered already)
+    assert "logprobs" not in leg.body  # a chat's flag, not a completion's count
     assert (leg.body["temperature"], leg.body["return_token_ids"]) == (0, True)
     assert chat_request().body["messages"] == MESSAGES  # the client's request is not changed
 
