@@ -117,7 +117,8 @@ class RecoverySettings(_Strict):
     # replay (narwhal.core.resume); off: the terminal error event, as the contract describes
     resume_streams: Annotated[bool, Strict()] = False
     max_resumes: Annotated[Count, Field(ge=0, le=100)] = 1  # resumes per request
-    # no resume once prompt + delivered tokens exceed this many (0: no bound of the router's)
+    # no resume once prompt + delivered tokens exceed this many (0: no bound of the router's);
+    # also the context length an open-ended chat runs to (set it to the engines' max_model_len)
     resume_max_seq_len: Annotated[Count, Field(ge=0)] = 0
 
 

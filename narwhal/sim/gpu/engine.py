@@ -235,8 +235,9 @@ class SimEngine:
         if isinstance(params, dict) and params.get("do_remote_prefill"):
             seq.remote = params
             seq.need = 0
-        if seq.chat:
-            stream.buffer.append((self.env.now, seq.head.role_chunk()))
+        if seq.chat:  # with return_token_ids, the prompt's ids ride on the role chunk
+            prompt = wire.prompt_ids(body, seq.prompt) if seq.ids is not None else None
+            stream.buffer.append((self.env.now, seq.head.role_chunk(prompt)))
         self.scheduler.add(seq)
         return StreamOpened(stream, 200)
 
