@@ -79,6 +79,9 @@ def test_consumer_killed_mid_stream_is_resumed_with_the_uninterrupted_text(
             [pair.consumer, pair.single],  # round robin: the first stream goes to the consumer
             routing={"decode": "round_robin"},
             recovery={"resume_streams": True, "eject_after": 2, "probe_interval_s": 60.0},
+            # the resumed leg re-prefills on a CPU engine: on a loaded 2-core machine its first
+            # token has come more than the suite's 10 s after the last one
+            engine={"decode_read_timeout_s": 30.0},
         )
     )
     router = Narwhal(config, log_dir / "narwhal-resume.log").start()
