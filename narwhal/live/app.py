@@ -142,7 +142,9 @@ class Router:
         )
         # the engines' KV cache events, for kv_aware (None: no phase uses it)
         self.kv_events = (
-            KvEventSubscriber(config.engines, lambda: self.policies.placement.kv_index)
+            KvEventSubscriber(
+                lambda: self.policies.config.engines, lambda: self.policies.placement.kv_index
+            )
             if kv_aware_phases(config.routing)
             else None
         )
@@ -157,7 +159,7 @@ class Router:
                 poll_s=reload_poll_s,
                 sighup=reload_on_sighup,
                 say=announce,
-                on_config=self.engine_log.router_started,  # the fleet now, for a replay
+                on_config=self._reloaded,
             )
         )
         self.metrics.attach(self.policies, self.clock)
@@ -186,6 +188,12 @@ class Router:
             DETOKENIZE: {"POST": PassThroughHandler(self, DETOKENIZE)},
         }
         self.hosts = HostGate(config.client.allowed_hosts)
+
+    def _reloaded(self, config: NarwhalConfig) -> None:
+        """After a reload: the fleet now, for a replay; the KV event streams follow it."""
+        self.engine_log.router_started(config)
+        if self.kv_events is not None:
+            self.kv_events.engines_changed()
 
     @property
     def config(self) -> NarwhalConfig:
@@ -359,7 +367,8 @@ class Router:
         return Response(200, self.metrics.render(), {"content-type": PROMETHEUS_TEXT})
 
     async def _status(self, request: EdgeRequest) -> Response | None:
-        return json_response(status_document(self.policies, self.clock))
+        streams = None if self.kv_events is None else self.kv_events.status
+        return json_response(status_document(self.policies, self.clock, streams))
 
     # ------------------------------------------------------------------ routing
 
