@@ -54,6 +54,7 @@ from narwhal.core.requests import (
     COMPLETIONS,
 )
 from narwhal.core.routing.kv_aware import kv_aware_phases
+from narwhal.core.routing.prompt_tokens import PromptTokens
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock, EventWaiter
 from narwhal.live.engine_log import EngineEventLog
@@ -173,6 +174,8 @@ class Router:
         self._stopping = False
         self._ports: Ports | None = None
         self.passthrough = PassThrough()
+        # text and chat prompts' token ids for kv_aware ([routing.kv_aware] tokenize)
+        self.prompt_tokens = PromptTokens(self.passthrough)
         inference = Inference(self, COMPLETIONS), Inference(self, CHAT)
         # path -> method -> handler (HEAD is answered by GET's handler, without a body)
         self.routes: dict[str, dict[str, Handler]] = {
@@ -368,7 +371,10 @@ class Router:
 
     async def _status(self, request: EdgeRequest) -> Response | None:
         streams = None if self.kv_events is None else self.kv_events.status
-        return json_response(status_document(self.policies, self.clock, streams))
+        document = status_document(self.policies, self.clock, streams)
+        if self.config.routing.kv_aware.tokenize:  # text and chat prompts tokenized, by outcome
+            document["tokenize"] = dict(self.prompt_tokens.counts)
+        return json_response(document)
 
     # ------------------------------------------------------------------ routing
 
