@@ -398,6 +398,11 @@ class KvAwareSettings(_Strict):
     hash_algo: Literal["sha256", "sha256_cbor"] = "sha256"
     hash_seed: str | None = None
     int_block_hashes: bool = True
+    # text and chat prompts carry no token ids: ask an engine's /tokenize for them before
+    # placement (narwhal.core.routing.prompt_tokens), bounded by tokenize_timeout_s; off: such
+    # prompts are placed on load alone
+    tokenize: bool = False
+    tokenize_timeout_s: Duration = 0.5
 
 
 NoProducer = Literal["fail", "local"]
