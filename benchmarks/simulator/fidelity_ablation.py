@@ -8,6 +8,8 @@ for a run with per-request timings, the p-value of the two-sample KS test on TPO
 shape holds, not only the mean):
 - no prefix identity: every prompt unique (the run's dataset not read), so no prefix-cache hits;
 - eager: no CUDA-graph padding (the profile's eager times at the batch's own size);
+- async scheduling flipped: synchronous for a run that scheduled asynchronously (vLLM >= 0.14's
+  default), asynchronous for one that did not;
 - no skew: decodes of unequal contexts priced as many of their mean context (alpha 0);
 - one skew alpha: decode-only steps pay the mixed steps' alpha (the profile's skew rows not
   split by regime: nearly all of them are mixed);
@@ -82,6 +84,9 @@ def main() -> None:
         variants["no prefix identity"] = dataclasses.replace(run, requests=no_prefix)
         eager = dataclasses.replace(run.engine, enforce_eager=True)
         variants["eager (no graphs)"] = dataclasses.replace(run, engine=eager)
+        flipped = dataclasses.replace(run.engine, async_scheduling=not run.engine.async_scheduling)
+        label = "synchronous" if run.engine.async_scheduling else "async scheduling"
+        variants[label] = dataclasses.replace(run, engine=flipped)
         if run.means is not None:
             theirs = dataclasses.replace(
                 run.engine, max_num_batched_tokens=2048, prefix_caching=False

@@ -65,6 +65,14 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         (f"sum by (band) (rate(narwhal_flow_wait_seconds_total{RATE}))"
          f" / sum by (band) (rate(narwhal_flow_dispatched_total{RATE}))", "mean wait s {{band}}"),
     ]),
+    ("Flow control by fairness flow (the heaviest flows; the rest as other)", "short", [
+        ("sum by (flow) (narwhal_flow_fairness_queue_length)", "queued {{flow}}"),
+        (f"sum by (flow, reason) (rate(narwhal_flow_fairness_refused_total{RATE}))",
+         "shed/s {{flow}} {{reason}}"),
+        (f"sum by (flow) (rate(narwhal_flow_fairness_wait_seconds_total{RATE}))"
+         f" / sum by (flow) (rate(narwhal_flow_fairness_dispatched_total{RATE}))",
+         "mean wait s {{flow}}"),
+    ]),
     ("Router process", "short", [
         (f"rate(process_cpu_seconds_total{RATE})", "CPU cores"),
         ("process_resident_memory_bytes / 2^20", "RSS MiB"),

@@ -117,7 +117,8 @@ class RecoverySettings(_Strict):
     # replay (narwhal.core.resume); off: the terminal error event, as the contract describes
     resume_streams: Annotated[bool, Strict()] = False
     max_resumes: Annotated[Count, Field(ge=0, le=100)] = 1  # resumes per request
-    # no resume once prompt + delivered tokens exceed this many (0: no bound of the router's)
+    # no resume once prompt + delivered tokens exceed this many (0: no bound of the router's);
+    # also the context length an open-ended chat runs to (set it to the engines' max_model_len)
     resume_max_seq_len: Annotated[Count, Field(ge=0)] = 0
 
 
@@ -165,6 +166,10 @@ class FlowSettings(_Strict):
     # drop sheddable (band < 0) arrivals with probability min(saturation^5 * 300, 1)
     probabilistic_shedding: bool = False
     max_bands: Annotated[Count, Field(ge=1, le=64)] = 8  # distinct bands (bounds metric labels)
+    # fairness flows with a metric label of their own (the heaviest by traffic, once they have
+    # sent flow_label_min_requests); every other flow is counted under "other"
+    max_flow_labels: Annotated[Count, Field(ge=0, le=256)] = 16
+    flow_label_min_requests: Annotated[Count, Field(ge=1)] = 10
 
     @field_validator("priority_header", "fairness_header", "deadline_header")
     @classmethod
@@ -393,6 +398,11 @@ class KvAwareSettings(_Strict):
     hash_algo: Literal["sha256", "sha256_cbor"] = "sha256"
     hash_seed: str | None = None
     int_block_hashes: bool = True
+    # text and chat prompts carry no token ids: ask an engine's /tokenize for them before
+    # placement (narwhal.core.routing.prompt_tokens), bounded by tokenize_timeout_s; off: such
+    # prompts are placed on load alone
+    tokenize: bool = False
+    tokenize_timeout_s: Duration = 0.5
 
 
 NoProducer = Literal["fail", "local"]

@@ -19,8 +19,11 @@ With ``[flow] enabled`` and a request that carries a :class:`~narwhal.core.flow.
 request queues instead (:mod:`narwhal.core.flow`): it waits on a driver's
 :class:`~narwhal.core.ports.Waiter` until flow control dispatches it (with its admission slot
 taken) or refuses it, and is answered 503 + ``Retry-After`` with outcome ``shed`` and an error
-naming the reason. Each finished request pumps the queue; while it is gated by saturation, one
-background loop per router pumps it every ``flow.poll_interval_s``.
+naming the reason; one whose request deadline (``engine.request_timeout_s``) passes before its
+queue TTL gets the deadline's answer instead, as any request past its deadline: 504, outcome
+``deadline``, reason ``deadline`` in flow control's counts. Each finished request pumps the
+queue; while it is gated by saturation, one background loop per router pumps it every
+``flow.poll_interval_s``.
 
 Why 503 and not 429: the bound is the router's capacity, not something one client did (429 is
 "the user has sent too many requests", RFC 6585); 503 is "temporarily overloaded" (RFC 9110,
@@ -35,7 +38,14 @@ from collections.abc import Awaitable, Callable
 
 from narwhal.core.client_writes import CLIENT_GONE_STATUS
 from narwhal.core.errors import FaultKind, fault
-from narwhal.core.flow import CLIENT_GONE, PROBABILISTIC, QUEUE_FULL, QUEUE_TTL, FlowKey
+from narwhal.core.flow import (
+    CLIENT_GONE,
+    DEADLINE,
+    PROBABILISTIC,
+    QUEUE_FULL,
+    QUEUE_TTL,
+    FlowKey,
+)
 from narwhal.core.policies import Policies
 from narwhal.core.ports import ClientGone, ClientSink, Ports
 from narwhal.core.records import RequestRecord
@@ -50,10 +60,12 @@ async def refuse(
     shed: str | None = None,
 ) -> RequestRecord:
     """Answer a request :meth:`Admission.try_admit` refused, or flow control refused for the
-    reason ``shed``: 503 + Retry-After, one record."""
+    reason ``shed``: 503 + Retry-After (504 when its request deadline passed), one record."""
     admission = policies.admission
     if shed is None:
         failure = fault(FaultKind.OVERLOADED, admission.message(), engine=None, phase="admission")
+    elif shed == DEADLINE:
+        failure = fault(FaultKind.DEADLINE, shed_message(shed, policies), engine=None, phase="flow")
     else:
         failure = fault(FaultKind.SHED, shed_message(shed, policies), engine=None, phase="flow")
     status, outcome = failure.status, failure.kind.value
@@ -62,7 +74,7 @@ async def refuse(
     if config.client.write_timeout_s:  # a client that does not read its 503 holds nothing long
         deadline = min(deadline, ports.clock.now() + config.client.write_timeout_s)
     try:
-        headers = {"retry-after": str(admission.retry_after_s)}
+        headers = {} if shed == DEADLINE else {"retry-after": str(admission.retry_after_s)}
         if shed == CLIENT_GONE:  # it left while queued: nobody to answer
             raise ClientGone()
         if await sink.respond(status, failure.error_body(), headers, deadline) is not None:
@@ -117,12 +129,17 @@ async def admit_and_serve(
 
 def shed_message(reason: str, policies: Policies) -> str:
     """The error text of a flow-control refusal: names the reason and the setting behind it."""
+    if reason == DEADLINE:
+        timeout = policies.config.engine.request_timeout_s
+        return (
+            "request deadline passed while queued by flow control (deadline): "
+            f"engine.request_timeout_s = {timeout:g} s"
+        )
     flow = policies.config.flow
     why = {
         QUEUE_FULL: f"its priority band's queue is full (flow.max_queue_per_band = "
         f"{flow.max_queue_per_band})",
-        QUEUE_TTL: f"it waited in the queue past flow.queue_ttl_s ({flow.queue_ttl_s:g} s) or "
-        "its deadline",
+        QUEUE_TTL: f"it waited in the queue past flow.queue_ttl_s ({flow.queue_ttl_s:g} s)",
         PROBABILISTIC: "it is sheddable and the fleet is saturated (flow.probabilistic_shedding)",
         CLIENT_GONE: "its client left while it was queued",
     }[reason]
@@ -154,8 +171,9 @@ async def _queue(
     try:
         while not ticket.dispatched:
             if not await waiter.wait(ticket.expires) and not ticket.dispatched:
-                flow.expire(ticket, ports.clock.now(), QUEUE_TTL)
-                return QUEUE_TTL
+                reason = QUEUE_TTL if ticket.expires < deadline else DEADLINE
+                flow.expire(ticket, ports.clock.now(), reason)
+                return reason
         served = True
     except ClientGone:
         return CLIENT_GONE

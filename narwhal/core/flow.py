@@ -5,7 +5,8 @@ as without it. Enabled, a request that finds no admission slot (or a saturated f
 the queue of its priority band instead of being refused; it is dispatched only by
 :meth:`FlowControl.pump`, which takes its admission slot for it, and leaves the queue only by
 dispatch, by a refusal that names its reason (``queue_full``, ``queue_ttl``,
-``probabilistic``), or by its client going away. No refusal here reaches placement, so no engine
+``probabilistic``, or ``deadline``: its request deadline came before its TTL and passed), or
+by its client going away. No refusal here reaches placement, so no engine
 is ever charged for one. Pure: time comes in as ``now``, randomness from the seeded RNG the
 policies hand over.
 
@@ -18,6 +19,8 @@ while an admission slot is free and the fleet is not saturated: the highest band
 a band the flows take turns (round robin); within a flow the oldest (``fcfs``) or the earliest
 deadline (``edf``: arrival + ``x-slo-ttft-ms``; requests without one after those with one).
 The drivers' part (waiting on a ticket, the TTL, waking) is :mod:`narwhal.core.entry`.
+Counters are kept per band (:class:`BandStats`) and per fairness flow label, a bounded set
+(:mod:`narwhal.core.flow_labels`).
 
 Saturation (:meth:`FlowControl.saturation`): per engine ``max(waiting / queue_threshold,
 kv_usage / kv_threshold)`` from its latest load report; a report older than
@@ -41,14 +44,16 @@ from typing import Protocol
 
 from narwhal.core.admission import Admission
 from narwhal.core.config import FlowSettings, Role
+from narwhal.core.flow_labels import FlowLabels
 from narwhal.core.records import DecisionLog
 from narwhal.core.routing.load import LoadReports
 
 QUEUE_FULL = "queue_full"
 QUEUE_TTL = "queue_ttl"
 PROBABILISTIC = "probabilistic"
+DEADLINE = "deadline"
 CLIENT_GONE = "client_gone"
-REASONS = (QUEUE_FULL, QUEUE_TTL, PROBABILISTIC)
+REASONS = (QUEUE_FULL, QUEUE_TTL, PROBABILISTIC, DEADLINE)
 """Why flow control refuses a request (bounded: metric labels and record texts)."""
 
 
@@ -111,7 +116,16 @@ def classify(headers: Mapping[str, str], settings: FlowSettings) -> FlowKey:
 class Ticket:
     """One queued request: its key, times, and how it left the queue."""
 
-    __slots__ = ("arrival", "expires", "key", "order", "request_id", "state", "waiter")
+    __slots__ = (
+        "arrival",
+        "expires",
+        "flow_label",
+        "key",
+        "order",
+        "request_id",
+        "state",
+        "waiter",
+    )
 
     def __init__(self, request_id: str, key: FlowKey, arrival: float, expires: float) -> None:
         self.request_id = request_id
@@ -121,6 +135,7 @@ class Ticket:
         self.order = 0  # arrival sequence (ties in EDF go to the earlier)
         self.state = "queued"  # queued | dispatched | refused
         self.waiter: Waker | None = None
+        self.flow_label = ""  # its fairness flow's metric label (narwhal.core.flow_labels)
 
     @property
     def dispatched(self) -> bool:
@@ -202,6 +217,7 @@ class FlowControl:
         self._order = 0
         self.queued = 0
         self.stats: dict[int, BandStats] = {}
+        self.flow_labels = FlowLabels(settings.max_flow_labels, settings.flow_label_min_requests)
         self._dispatch_times: deque[float] = deque()  # recent dispatches, oldest first
         self._release_times: deque[float] = deque()  # recent ends of dispatched requests
         self.poller_running = False  # a driver's loop re-pumps while the gate is shut
@@ -228,16 +244,18 @@ class FlowControl:
         """Queue a request (and pump): its ticket, or the reason it is refused at once."""
         key = FlowKey(self.band_label(key.priority), key.flow, key.slo_ttft_s)
         stats = self._stats(key.priority)
+        label = self.flow_labels.label(key.flow)
         if key.priority < 0 and self.settings.probabilistic_shedding:
             saturation = self.saturation(now)
             if saturation is not None and self._rng.random() < min(saturation**5 * 300, 1.0):
-                return self._refuse(now, request_id, key, PROBABILISTIC, stats)
+                return self._refuse(now, request_id, key, PROBABILISTIC, stats, label)
         band = self._bands.get(key.priority)
         if band is not None and band.size >= self.settings.max_queue_per_band:
-            return self._refuse(now, request_id, key, QUEUE_FULL, stats)
+            return self._refuse(now, request_id, key, QUEUE_FULL, stats, label)
         if band is None:
             band = self._bands[key.priority] = _Band()
         ticket = Ticket(request_id, key, now, min(deadline, now + self.settings.queue_ttl_s))
+        ticket.flow_label = label
         self._order += 1
         ticket.order = self._order
         rank = now
@@ -246,30 +264,39 @@ class FlowControl:
         band.push(ticket, rank)
         self.queued += 1
         stats.queued += 1
+        self.flow_labels.stats_of(label).queued += 1
         self.pump(now)
         return ticket
 
     def _refuse(
-        self, now: float, request_id: str, key: FlowKey, reason: str, stats: BandStats
+        self,
+        now: float,
+        request_id: str,
+        key: FlowKey,
+        reason: str,
+        stats: BandStats,
+        label: str,
     ) -> str:
         stats.refuse(reason)
+        refused = self.flow_labels.stats_of(label).refused
+        refused[reason] = refused.get(reason, 0) + 1
         self._log.add(
             now, "flow_refused", None, request=request_id, band=key.priority, reason=reason
         )
         return reason
 
     def expire(self, ticket: Ticket, now: float, reason: str) -> None:
-        """Take a still-queued ticket out: its TTL passed (``queue_ttl``, counted and logged)
-        or its client left (``client_gone``, neither: the client, not the router, ended it)."""
+        """Take a still-queued ticket out: its TTL or its request deadline passed
+        (``queue_ttl`` or ``deadline``, counted and logged) or its client left (``client_gone``,
+        neither: the client, not the router, ended it)."""
         if ticket.state != "queued":
             return
         self._bands[ticket.key.priority].remove(ticket)
         self.queued -= 1
         ticket.state = "refused"
         if reason != CLIENT_GONE:
-            self._refuse(
-                now, ticket.request_id, ticket.key, reason, self._stats(ticket.key.priority)
-            )
+            stats = self._stats(ticket.key.priority)
+            self._refuse(now, ticket.request_id, ticket.key, reason, stats, ticket.flow_label)
 
     def gate_shut(self, now: float) -> bool:
         """Whether the saturation detector holds dispatch back now."""
@@ -290,6 +317,9 @@ class FlowControl:
             stats = self._stats(priority)
             stats.dispatched += 1
             stats.wait_s_total += now - ticket.arrival
+            by_flow = self.flow_labels.stats_of(ticket.flow_label)
+            by_flow.dispatched += 1
+            by_flow.wait_s_total += now - ticket.arrival
             dispatched += 1
             if ticket.waiter is not None:
                 ticket.waiter.wake()
@@ -361,5 +391,29 @@ class FlowControl:
                 "dispatched": stats.dispatched,
                 "mean_wait_s": stats.wait_s_total / stats.dispatched if stats.dispatched else 0.0,
                 "refused": dict(stats.refused or dict.fromkeys(REASONS, 0)),
+            }
+        return out
+
+    def flow_queue_lengths(self) -> dict[str, int]:
+        """Requests queued now per fairness flow label (every band together)."""
+        lengths = dict.fromkeys(self.flow_labels.stats, 0)
+        for band in self._bands.values():
+            for flow, queue in band.flows.items():
+                label = self.flow_labels.labelled(flow)
+                lengths[label] = lengths.get(label, 0) + len(queue)
+        return lengths
+
+    def flow_snapshot(self) -> dict[str, dict[str, object]]:
+        """Per fairness flow label: the same fields as :meth:`snapshot`'s per band."""
+        lengths = self.flow_queue_lengths()
+        out: dict[str, dict[str, object]] = {}
+        for label in sorted(self.flow_labels.stats):
+            stats = self.flow_labels.stats[label]
+            out[label] = {
+                "queue_length": lengths.get(label, 0),
+                "queued": stats.queued,
+                "dispatched": stats.dispatched,
+                "mean_wait_s": stats.wait_s_total / stats.dispatched if stats.dispatched else 0.0,
+                "refused": {reason: stats.refused.get(reason, 0) for reason in REASONS},
             }
         return out

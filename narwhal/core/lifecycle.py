@@ -20,7 +20,8 @@ Theory of operation (one attempt):
    ``data: {"error": ...}`` event. What one read of the decode stream carries goes to the client
    in one write, the final ``[DONE]`` included (after the consumer is credited with success).
    With ``recovery.resume_streams``, a fault after commit may instead resume the same client
-   stream on a fresh attempt from the delivered token ids (:mod:`narwhal.core.resume` decides).
+   stream on a fresh attempt from the delivered token ids, or end it cleanly when every token
+   was delivered and only the end was lost (:mod:`narwhal.core.resume` decides).
 Per-request disaggregation (:mod:`narwhal.core.routing.disagg`) may skip steps 1-2: a short
 uncached prompt, or no placeable producer with ``no_producer = "local"``, goes straight to a
 consumer that computes the prompt itself (the contract's same-worker path). With
@@ -67,7 +68,7 @@ from narwhal.core.policies import Policies
 from narwhal.core.ports import ClientGone, ClientSink, Ports
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import ClientRequest, decode_body
-from narwhal.core.resume import StreamResume, forwarded, relayed, resumable
+from narwhal.core.resume import END, RESUME, StreamResume, forwarded, relayed, resumable
 from narwhal.core.retry import Deadline, falls_back_locally
 from narwhal.core.routing.disagg import NO_PRODUCER, PRODUCER_FAILED, SHORT_PROMPT
 from narwhal.core.served_model import unserved_model
@@ -94,7 +95,9 @@ class _Lifecycle:
         self.client = ClientWrites(sink, ports.clock, self.deadline, cfg.client.write_timeout_s)
         self.recovery = cfg.recovery
         # a streaming request's resume state (None: resuming is off or the client does not stream)
-        self.resume: StreamResume | None = resumable(request, cfg.recovery.resume_streams)
+        self.resume: StreamResume | None = resumable(
+            request, cfg.recovery.resume_streams, cfg.recovery.resume_max_seq_len
+        )
         self.leg_request = request  # what the attempt's legs serve (a resumed leg: its own)
         self.held: list[Reservation] = []
         self.failed_engines: set[str] = set()  # avoided by later attempts (Envoy's previous_hosts)
@@ -152,19 +155,17 @@ class _Lifecycle:
                     )
                     continue
                 resume = self.resume
-                if (
-                    self.committed
-                    and resume is not None
-                    and resume.after_failure(
+                if self.committed and resume is not None:
+                    step = resume.after_failure(
                         failure, now, self.deadline, self.recovery, budget, self.policies.log
                     )
-                ):
-                    holding_retry = True
-                    if resume.remaining() == 0:  # every token was sent: only the end lost
+                    if step == END:  # every token was sent: only the end lost
                         self.final = (200, "ok", None)
                         await self.client.end(resume.ending(), now)
                         return self._finish_record()
-                    continue
+                    if step == RESUME:
+                        holding_retry = True
+                        continue
                 if self._falls_back(failure, now):
                     continue
                 await self._fail(failure)
@@ -426,7 +427,8 @@ class _Lifecycle:
             decode_read_timeout_s=cfg.decode_read_timeout_s,
             request_deadline=self.deadline.at,
         )
-        failure = await leg.open(self.request.endpoint, body, {"X-Request-Id": decode_id})
+        # (a resumed leg's own endpoint: a chat stream goes on as a completions request)
+        failure = await leg.open(self.leg_request.endpoint, body, {"X-Request-Id": decode_id})
         if pulls and leg.delivered:
             # The consumer has the descriptor and owns the pull from here on. A refused
             # connection never delivered it: the handoff stays unused and is released.

@@ -144,9 +144,11 @@ class Placement:
         return sum(self.counts[url].values())
 
     def forget(self, url: str) -> None:
-        """Drop ``url`` (no longer served, holding nothing) and its load reports."""
+        """Drop ``url`` (no longer served, holding nothing), its load reports and its KV index
+        entries."""
         del self.counts[url]
         self.load_reports.forget(url)
+        self.kv_index.forget(url)
 
     def candidates(self, phase: str, now: float) -> list[str]:
         breaker = self._breaker

@@ -41,7 +41,7 @@ class ClientRequest:
     """A parsed, sanitised client request. ``body`` never holds ``kv_transfer_params``, at its
     top level or in ``vllm_xargs``."""
 
-    __slots__ = ("arrival", "body", "endpoint", "request_id")
+    __slots__ = ("arrival", "body", "endpoint", "request_id", "token_ids")
 
     def __init__(
         self, request_id: str, endpoint: str, body: dict[str, Any], arrival: float
@@ -50,6 +50,9 @@ class ClientRequest:
         self.endpoint: Final = endpoint
         self.body: Final = body
         self.arrival: Final = arrival  # on the router's clock
+        # the prompt's token ids as an engine's /tokenize gave them, for a text or chat prompt
+        # (narwhal.core.routing.prompt_tokens; None: not asked, or no answer)
+        self.token_ids: list[int] | None = None
 
     @property
     def stream(self) -> bool:

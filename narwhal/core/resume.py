@@ -12,21 +12,28 @@ and output-only penalties (``presence_penalty``, ``frequency_penalty``: the deli
 would become prompt). Off (``[recovery] resume_streams = false``) nothing here is consulted and
 the request is sent exactly as the client asked.
 
+Chat streams resume too, through the completions endpoint (:mod:`narwhal.core.chat_resume`: the
+chat template's prompt ids as the engine reported them, the continuation's chunks rewritten into
+the client's chat chunks). A committed stream whose client already has every token (a
+``finish_reason`` forwarded, or the output limit reached) is never refused: only its end was
+lost, and the router ends it itself.
+
 Theory of operation: :func:`resumable` says, when a request starts, whether its stream could be
-resumed at all (a streaming completions request whose options allow an exact replay), and
+resumed at all (a streaming request whose options allow an exact replay), and
 :class:`StreamResume` then follows it. The first leg is asked with ``return_token_ids``; every
 token and metadata event forwarded to the client hands its ``token_ids`` (and the first leg's
 ``prompt_token_ids``) to :meth:`StreamResume.saw`, so at any moment the router holds the
 prompt's ids and the ids it delivered. After a committed failure the lifecycle asks
-:meth:`StreamResume.after_failure` (the fault, ids complete, max_resumes, the request deadline,
-the stated sequence length, the retry budget);
-a resume is a fresh attempt (new ids, re-placed, the failed engine avoided) whose leg request
-(:meth:`StreamResume.leg_request`) is a completions request whose ``prompt`` is the prompt's ids
-plus the delivered ids and whose ``max_tokens`` and ``min_tokens`` are reduced by the delivered
-count: a fresh prefill on a producer, then decode on a consumer. A resumed leg's events reach the
-client rewritten (:meth:`StreamResume.wire`) to the first leg's ``id`` and ``created``, without
-the leg's own ``prompt_token_ids``, its usage chunk counting the original prompt and every
-delivered token, so the client sees one stream.
+:meth:`StreamResume.after_failure`: end (every token delivered), resume (the fault, ids
+complete, max_resumes, the request deadline, the stated sequence length, the retry budget), or
+refuse; a resume is a fresh attempt (new ids, re-placed, the failed engine avoided) whose leg
+request (:meth:`StreamResume.leg_request`) is a completions request whose ``prompt`` is the
+prompt's ids plus the delivered ids and whose ``max_tokens`` is the uninterrupted stream's
+output limit (:meth:`StreamResume.output_limit`) less the delivered count, ``min_tokens``
+reduced likewise: a fresh prefill on a producer, then decode on a consumer. A resumed leg's
+events reach the client rewritten (:meth:`StreamResume.wire`) to the first leg's ``id`` and
+``created`` (a chat's, into chat chunks), without the leg's own ``prompt_token_ids``, its usage
+chunk counting the original prompt and every delivered token, so the client sees one stream.
 """
 
 from __future__ import annotations
@@ -34,25 +41,44 @@ from __future__ import annotations
 from typing import Any
 
 from narwhal.core import wire
+from narwhal.core.chat_resume import (
+    CONTINUATION_ENDPOINT,
+    as_chat_chunk,
+    chat_limit,
+    chat_refusal,
+    continuation_body,
+    parsed,
+)
 from narwhal.core.config import RecoverySettings
 from narwhal.core.errors import Fault
 from narwhal.core.records import DecisionLog
-from narwhal.core.requests import COMPLETIONS, ClientRequest
+from narwhal.core.requests import CHAT, ClientRequest
 from narwhal.core.retry import Deadline, RetryBudget
 from narwhal.core.sse import EventKind, SseEvent
 
 RETURN_TOKEN_IDS = "return_token_ids"
+# vLLM's (0.32) CompletionRequest.max_tokens default: a completions request without one (or with
+# null) stops after this many tokens
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+# What :meth:`StreamResume.after_failure` decides for a committed stream whose engine failed
+RESUME = "resume"  # a fresh attempt continues it
+END = "end"  # every token was delivered, only the end lost: the router ends it itself
+REFUSE = "refuse"  # the terminal event
 
 # Why a committed stream was not resumed: a bounded set, the /metrics label and the record's.
 REFUSAL_REASONS = (
-    "endpoint",  # a chat stream: the continuation would need the chat template's token ids
     "guided",  # guided decoding, response_format or tools: the grammar's state restarts
     "n",  # several choices in one stream
     "logprobs",  # logprobs the client asked for
     "echo",  # the prompt echoed back
     "stop",  # stop strings: one straddling the resume point would be missed
     "penalties",  # penalties on generated tokens only: the delivered ones would become prompt
+    "media",  # a chat message with media parts: their placeholder ids replay without media
+    "reasoning",  # a chat thinking budget: it counts reasoning tokens by the parser's state
     "no_token_ids",  # an engine did not report the ids of what it sent
+    "parser",  # a chat delta a reasoning or tool parser shaped (a completions leg would not)
+    "open_ended",  # a chat without an output limit and no stated sequence length
     "sequence_length",  # prompt + delivered past recovery.resume_max_seq_len
     "max_resumes",  # recovery.max_resumes already used
     "deadline",  # the request deadline has passed
@@ -83,8 +109,10 @@ def static_refusal(request: ClientRequest) -> str | None:
     """Why this request's stream could never be resumed exactly (a :data:`REFUSAL_REASONS`
     value), or None."""
     body = request.body
-    if request.endpoint != COMPLETIONS:
-        return "endpoint"
+    if request.endpoint == CHAT:
+        chat = chat_refusal(body)
+        if chat is not None:
+            return chat
     if any(_set(body.get(key)) for key in _GUIDED):
         return "guided"
     response_format = body.get("response_format")
@@ -106,14 +134,16 @@ def static_refusal(request: ClientRequest) -> str | None:
     return None
 
 
-def resumable(request: ClientRequest, enabled: bool) -> StreamResume | None:
+def resumable(request: ClientRequest, enabled: bool, max_seq_len: int = 0) -> StreamResume | None:
     """The follower of a streaming request's resumes, or None: resuming is off, or the client
     does not stream (a failure before its end is an ordinary retry). A request whose options
     refuse an exact replay is followed too, its ``static`` saying why (:func:`static_refusal`),
-    so that its committed failures are counted as refused; its legs are sent as written."""
+    so that its committed failures are counted as refused (and a stream that got every token
+    still ends cleanly); its legs are sent as written. ``max_seq_len``: the stated sequence
+    length (``recovery.resume_max_seq_len``), the context length an open-ended chat runs to."""
     if not enabled or not request.stream:
         return None
-    return StreamResume(request, static_refusal(request))
+    return StreamResume(request, static_refusal(request), max_seq_len)
 
 
 _ID_FIELDS = (b',"prompt_token_ids":', b',"token_ids":')
@@ -172,12 +202,15 @@ class StreamResume:
     resumes made, and the client stream's identity (see the module)."""
 
     __slots__ = (
+        "chat",
         "created",
         "delivered",
         "finished",
         "first_leg",
         "ids_lost",
+        "max_seq_len",
         "model",
+        "parsed",
         "prompt_ids",
         "refused",
         "request",
@@ -188,9 +221,12 @@ class StreamResume:
         "usage_sent",
     )
 
-    def __init__(self, request: ClientRequest, static: str | None) -> None:
+    def __init__(self, request: ClientRequest, static: str | None, max_seq_len: int = 0) -> None:
         self.request = request
         self.static = static  # why no resume could ever be exact (None: it could)
+        self.chat = request.endpoint == CHAT
+        self.max_seq_len = max_seq_len
+        self.parsed = False  # a chat delta an engine's reasoning or tool parser shaped
         self.prompt_ids: list[int] | None = None
         self.delivered: list[int] = []
         self.ids_lost = False  # an event sent to the client without its token ids
@@ -209,48 +245,78 @@ class StreamResume:
 
     def leg_request(self) -> ClientRequest:
         """The request the next leg serves: the client's, asked for token ids (the first leg),
-        or the continuation from the prompt's ids and the delivered ids (a resumed leg)."""
+        or the continuation from the prompt's ids and the delivered ids (a resumed leg: a
+        completions request, a chat's mapped by :func:`continuation_body`)."""
         request = self.request
         if self.static is not None:
             return request
-        body = dict(request.body)
-        body[RETURN_TOKEN_IDS] = True
-        if not self.first_leg:
+        endpoint = request.endpoint
+        if self.first_leg:
+            body = dict(request.body)
+        else:
             assert self.prompt_ids is not None
             done = len(self.delivered)
+            body = continuation_body(request.body) if self.chat else dict(request.body)
+            endpoint = CONTINUATION_ENDPOINT
             body["prompt"] = [*self.prompt_ids, *self.delivered]
-            for key in ("max_tokens", "min_tokens"):
-                value = body.get(key)
-                if type(value) is int:
-                    if key == "min_tokens" and value - done <= 0:
-                        del body[key]
-                    else:
-                        body[key] = value - done
-        return ClientRequest(request.request_id, request.endpoint, body, request.arrival)
+            left = self.remaining()
+            if left is not None:
+                body["max_tokens"] = left
+            min_tokens = body.get("min_tokens")
+            if type(min_tokens) is int:
+                if min_tokens - done <= 0:
+                    del body["min_tokens"]
+                else:
+                    body["min_tokens"] = min_tokens - done
+        body[RETURN_TOKEN_IDS] = True
+        return ClientRequest(request.request_id, endpoint, body, request.arrival)
+
+    def output_limit(self) -> int | None:
+        """How many tokens the uninterrupted stream could produce at most, as the pinned vLLM
+        bounds it: a completions request's ``max_tokens`` (16 when absent or null); a chat's
+        ``max_completion_tokens`` or ``max_tokens``, else the stated sequence length less the
+        prompt (vLLM's default is the context length less the prompt); None: unknown."""
+        body = self.request.body
+        if not self.chat:
+            value = body.get("max_tokens")
+            if value is None:
+                return COMPLETIONS_DEFAULT_MAX_TOKENS
+            return value if type(value) is int else None
+        limit = chat_limit(body)
+        if limit is not None:
+            return limit
+        if self.max_seq_len and self.prompt_ids is not None:
+            return self.max_seq_len - len(self.prompt_ids)
+        return None
 
     def remaining(self) -> int | None:
-        """Tokens the client may still get (None: the client set no ``max_tokens``); 0 once a
-        forwarded chunk carried a ``finish_reason`` (the sequence ended: a continuation of
-        its ids would run past it)."""
+        """Tokens the client may still get (None: an open-ended chat with no stated sequence
+        length); 0 once a forwarded chunk carried a ``finish_reason`` (the sequence ended: a
+        continuation of its ids would run past it)."""
         if self.finished:
             return 0
-        limit = self.request.body.get("max_tokens")
-        return None if type(limit) is not int else limit - len(self.delivered)
+        limit = self.output_limit()
+        return None if limit is None else max(0, limit - len(self.delivered))
 
     def restarted(self) -> None:
         """A fresh attempt before anything was shown: nothing delivered yet."""
         self.prompt_ids, self.delivered, self.ids_lost = None, [], False
+        self.parsed = False
         self.response_id = self.created = self.model = None
         self.finished = self.usage_sent = False
 
     # ------------------------------------------------------------ the stream
 
     def saw(self, event: SseEvent) -> None:
-        """An event forwarded to the client: take the token ids it reports."""
-        if self.static is not None:
-            return
+        """An event forwarded to the client: take the token ids it reports (and, for every
+        followed stream, whether a ``finish_reason`` was forwarded)."""
         payload = event.payload
         if payload is None:
+            return
+        if self.static is not None:
+            choices = payload.get("choices")
+            if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+                self.finished = self.finished or choices[0].get("finish_reason") is not None
             return
         if self.first_leg and self.response_id is None:
             self.response_id, self.created = payload.get("id"), payload.get("created")
@@ -266,7 +332,11 @@ class StreamResume:
         if choice.get("finish_reason") is not None:
             self.finished = True
         if self.first_leg and self.prompt_ids is None:
-            self.prompt_ids = _int_list(choice.get("prompt_token_ids"))
+            # a chat's on its (role) chunk's top level, a completion's in its choice
+            where = payload if self.chat else choice
+            self.prompt_ids = _int_list(where.get("prompt_token_ids"))
+        if self.chat and self.first_leg and parsed(choice):
+            self.parsed = True
         ids = _int_list(choice.get("token_ids"))
         if ids is None:
             if event.kind is EventKind.TOKEN:
@@ -289,12 +359,19 @@ class StreamResume:
             cut = without_ids(event.wire())
             if b'token_ids"' not in cut:  # (an unescaped quote: a field, never a text)
                 return cut
-        out = dict(payload)
-        if not self.first_leg:
+        if self.chat and not self.first_leg:  # a completions leg's chunk, as a chat chunk
+            out = as_chat_chunk(payload, keep_ids=not self.strip_ids)
+            out["model"] = self.model
+        else:
+            out = dict(payload)
+        if self.first_leg:  # (a chat's prompt ids: at the chunk's top level)
+            if self.strip_ids:
+                out.pop("prompt_token_ids", None)
+        else:
             out["id"], out["created"] = self.response_id, self.created
-        choices = payload.get("choices")
+        choices = out.get("choices")
         dropped = ("prompt_token_ids", "token_ids") if self.strip_ids else ("prompt_token_ids",)
-        if isinstance(choices, list):
+        if isinstance(choices, list) and not (self.chat and not self.first_leg):
             out["choices"] = [
                 {k: v for k, v in c.items() if k not in dropped} if isinstance(c, dict) else c
                 for c in choices
@@ -319,7 +396,7 @@ class StreamResume:
         if not asked or self.usage_sent or self.prompt_ids is None:
             return wire.DONE
         created = self.created if type(self.created) is int else 0
-        writer = wire.ChunkWriter(str(self.response_id), str(self.model), created, chat=False)
+        writer = wire.ChunkWriter(str(self.response_id), str(self.model), created, chat=self.chat)
         usage = writer.usage_chunk(len(self.prompt_ids), len(self.delivered))
         return b"".join((usage, wire.DONE))
 
@@ -336,6 +413,8 @@ class StreamResume:
             return "fault"
         if self.prompt_ids is None or self.ids_lost:
             return "no_token_ids"
+        if self.parsed:
+            return "parser"
         if self.resumes >= recovery.max_resumes:
             return "max_resumes"
         if deadline.expired(now):
@@ -343,6 +422,8 @@ class StreamResume:
         limit = recovery.resume_max_seq_len
         if limit and len(self.prompt_ids) + len(self.delivered) > limit:
             return "sequence_length"
+        if self.remaining() is None:
+            return "open_ended"
         return None
 
     def after_failure(
@@ -353,11 +434,25 @@ class StreamResume:
         recovery: RecoverySettings,
         budget: RetryBudget,
         log: DecisionLog,
-    ) -> bool:
-        """Whether the committed stream goes on in a fresh attempt after ``failure``; the retry
-        budget is taken when it does (the caller releases it when the attempt ends). Logged
-        either way: decision ``resume``, ``outcome`` resumed (``reason``: the fault) or refused
+    ) -> str:
+        """What follows ``failure`` of the committed stream: :data:`END` when the client
+        already has every token (:meth:`remaining` is 0: a ``finish_reason`` was forwarded,
+        or the output limit reached) — whatever the fault, the deadline or the budget, only
+        the end was lost; else :data:`RESUME`, a fresh attempt, the retry budget taken (the
+        caller releases it when the attempt ends); else :data:`REFUSE`. Logged: decision
+        ``resume``, ``outcome`` ended or resumed (``reason``: the fault) or refused
         (``reason``: why)."""
+        if self.remaining() == 0:
+            self.refused = None
+            log.add(
+                now,
+                "resume",
+                failure.engine,
+                request=self.request.request_id,
+                outcome="ended",
+                reason=failure.kind.value,
+            )
+            return END
         reason = self.refusal(failure, now, deadline, recovery)
         if reason is None and not budget.try_acquire():
             reason = "retry_budget"
@@ -375,4 +470,4 @@ class StreamResume:
             outcome="refused" if reason else "resumed",
             reason=reason or failure.kind.value,
         )
-        return reason is None
+        return REFUSE if reason else RESUME

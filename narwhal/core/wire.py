@@ -148,13 +148,19 @@ class ChunkWriter:
         )
         self._prefix = b"".join((b"data: ", self._head, b',"choices":[{"index":0,'))
 
-    def role_chunk(self) -> bytes:
-        """A chat stream's first chunk: the assistant's role and no content (not a token)."""
+    def role_chunk(self, prompt_token_ids: Sequence[int] | None = None) -> bytes:
+        """A chat stream's first chunk: the assistant's role and no content (not a token). With
+        ``prompt_token_ids`` (a request's ``return_token_ids``) it carries the rendered prompt's
+        ids at the chunk's top level, where vLLM's chat endpoint writes them."""
+        tail = b"}]}\n\n"
+        if prompt_token_ids is not None:
+            tail = b"".join((b'}],"prompt_token_ids":', to_json(list(prompt_token_ids)), b"}\n\n"))
         return b"".join(
             (
                 self._prefix,
                 b'"delta":{"role":"assistant","content":""},"logprobs":null,',
-                b'"finish_reason":null}]}\n\n',
+                b'"finish_reason":null',
+                tail,
             )
         )
 
@@ -167,7 +173,8 @@ class ChunkWriter:
     ) -> bytes:
         """A chunk carrying generated ``text``; ``finish_reason`` on the last one. With
         ``token_ids`` (a request's ``return_token_ids``) the choice also carries the ids of
-        ``text`` and, on the stream's first chunk, ``prompt_token_ids``, as vLLM writes them."""
+        ``text`` and, on the stream's first chunk, ``prompt_token_ids``, as vLLM writes them (a
+        chat stream's prompt ids ride on its role chunk instead: :meth:`role_chunk`)."""
         encoded = json_string(text)
         finish = b"null" if finish_reason is None else json_string(finish_reason)
         if self.chat:
@@ -181,7 +188,7 @@ class ChunkWriter:
         end = parts[2]
         if token_ids is not None:  # inserted before the choice's and the chunk's closing "}]}"
             ids = [end[:-5], b',"token_ids":', to_json(list(token_ids)), end[-5:]]
-            if prompt_token_ids is not None:
+            if prompt_token_ids is not None and not self.chat:
                 ids[1:1] = [b',"prompt_token_ids":', to_json(list(prompt_token_ids))]
             end = b"".join(ids)
         return b"".join((self._prefix, parts[0], encoded, parts[1], finish, end))

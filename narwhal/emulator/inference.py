@@ -12,7 +12,8 @@ JSON) and serves it. Before anything is sent, ``hang_headers`` hangs, ``reset`` 
 connection and ``http_5xx`` answers its ``code``. A streaming request then gets HTTP 200 and SSE
 headers at once (vLLM sends them before generating), its prefill or KV pull, (chat) the role
 chunk, the token chunks (the last one carries ``finish_reason``; with ``return_token_ids`` each
-carries its ``token_ids`` and the first the ``prompt_token_ids``, as vLLM's), the usage chunk when
+carries its ``token_ids`` and the first the ``prompt_token_ids`` — a chat's role chunk, at its
+top level — as vLLM's), the usage chunk when
 ``stream_options.include_usage`` and ``data: [DONE]``; an error after the headers is an in-band
 error event, then ``[DONE]``. The stream faults act after ``after_tokens`` tokens (after the
 last one: before the usage chunk and ``[DONE]``, only the end lost): ``stall``
@@ -106,12 +107,12 @@ class Inference:
             await emit(wire.DONE)
             return
         writer = wire.ChunkWriter(job.response_id, state.config.model, job.created, chat=job.chat)
-        if job.chat:
-            await emit(writer.role_chunk())
+        with_ids = job.body.get("return_token_ids") is True
+        if job.chat:  # vLLM's chat stream: the rendered prompt's ids ride on the role chunk
+            await emit(writer.role_chunk(token_ids(job.prompt) if with_ids else None))
         tokens = completion_tokens(job.prompt, job.max_tokens)
         per_token = self._per_token_s(job)
         stop_at = fault.after_tokens if fault is not None and kind in STREAM_FAULTS else None
-        with_ids = job.body.get("return_token_ids") is True
         for index, token in enumerate(tokens):
             if stop_at is not None and index == stop_at:
                 break
@@ -119,7 +120,7 @@ class Inference:
             await self.actor.wait_step()
             finish = "length" if index == len(tokens) - 1 else None
             if with_ids:  # vLLM's return_token_ids: the prompt's ids ride on the first chunk
-                prompt_ids = token_ids(job.prompt) if index == 0 else None
+                prompt_ids = token_ids(job.prompt) if index == 0 and not job.chat else None
                 chunk = writer.token_chunk(token, finish, token_ids(token, bos=False), prompt_ids)
             else:
                 chunk = writer.token_chunk(token, finish)

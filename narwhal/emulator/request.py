@@ -79,10 +79,12 @@ class InferenceJob:
         return self.fault.kind if self.fault else None
 
 
-def _max_tokens(body: dict[str, Any]) -> int:
+def _max_tokens(body: dict[str, Any], chat: bool) -> int | None:
+    """The request's output limit; None: a chat that set none, which vLLM runs to the context
+    length (its completions endpoint stops at :data:`DEFAULT_MAX_TOKENS`)."""
     value: object = body.get("max_completion_tokens", body.get("max_tokens"))
     if value is None:
-        return DEFAULT_MAX_TOKENS
+        return None if chat else DEFAULT_MAX_TOKENS
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise Rejected(400, f"max_tokens must be at least 1, got {value}.", "max_tokens")
     return value
@@ -122,10 +124,11 @@ def parse_job(
             raise Rejected(400, "messages: Field required", "messages")
     elif not isinstance(body.get("prompt"), str | list):
         raise Rejected(400, "prompt: Field required", "prompt")
-    max_tokens = _max_tokens(body)
-    _check_options(body, max_tokens)
+    asked = _max_tokens(body, chat)
     text = prompt_text(body, chat)
     limit, prompt_length = config.max_model_len, prompt_tokens(text)
+    max_tokens = max(1, limit - prompt_length) if asked is None else asked
+    _check_options(body, max_tokens)
     if prompt_length >= limit:  # no room for even one token: vLLM refuses it with a 400
         raise Rejected(
             400,

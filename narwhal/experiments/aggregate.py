@@ -40,7 +40,7 @@ from typing import Any
 from narwhal.experiments.plan import Plan
 from narwhal.experiments.spec_model import SweepSpec
 from narwhal.experiments.stats import mean_interval
-from narwhal.experiments.worker import ERROR_PREFIX, METRIC_FIELDS, RunOutcome
+from narwhal.experiments.worker import CLASS_PREFIX, ERROR_PREFIX, METRIC_FIELDS, RunOutcome
 from narwhal.sim.results import goodput
 
 FLEET_FIELDS = ("prefill", "decode", "both", "engines")
@@ -111,6 +111,18 @@ def error_fields(outcomes: list[RunOutcome]) -> list[str]:
     return sorted({k for o in outcomes for k in o.metrics if k.startswith(ERROR_PREFIX)})
 
 
+def class_fields(outcomes: list[RunOutcome]) -> list[str]:
+    """Every ``class.<name>.<metric>`` column seen: classes in the order the scenario lists
+    them, metrics in :data:`~narwhal.experiments.worker.CLASS_FIELDS` order (none when the
+    scenario has no workload classes)."""
+    seen: dict[str, None] = {}
+    for outcome in outcomes:
+        for key in outcome.metrics:
+            if key.startswith(CLASS_PREFIX):
+                seen.setdefault(key, None)
+    return list(seen)
+
+
 def param_fields(plan: Plan) -> list[str]:
     return list(plan.points[0].params) if plan.points else []
 
@@ -118,10 +130,11 @@ def param_fields(plan: Plan) -> list[str]:
 def run_rows(plan: Plan, outcomes: list[RunOutcome]) -> tuple[list[str], list[dict[str, Any]]]:
     """(columns, one row per run), in plan order."""
     errors = error_fields(outcomes)
+    classes = class_fields(outcomes)
     fields = ["point", "replicate"]
     if plan.spec.goodput is not None:
         fields.append("rate_multiplier")
-    fields += ["seed", *param_fields(plan), *FLEET_FIELDS, *METRIC_FIELDS, *errors]
+    fields += ["seed", *param_fields(plan), *FLEET_FIELDS, *METRIC_FIELDS, *errors, *classes]
     rows = []
     for task, outcome in zip(plan.tasks, outcomes, strict=True):
         row: dict[str, Any] = {
@@ -154,6 +167,9 @@ def point_rows(plan: Plan, runs: list[dict[str, Any]]) -> tuple[list[str], list[
         fields += ["goodput_rps", "goodput_rps_sd", "goodput_per_engine", "goodput_bound"]
         fields += ["goodput_rps_ci_low", "goodput_rps_ci_high"]
     fields += errors
+    classes = list(dict.fromkeys(k for r in runs for k in r if k.startswith(CLASS_PREFIX)))
+    for key in classes:  # per workload class: the mean and its interval over replicates
+        fields += [key, f"{key}_ci_low", f"{key}_ci_high"]
     rows = []
     for point in plan.points:
         mine = by_point[point.index]
@@ -167,6 +183,10 @@ def point_rows(plan: Plan, runs: list[dict[str, Any]]) -> tuple[list[str], list[
         for key in SPREAD_FIELDS:
             row[f"{key}_sd"] = _sd([r[key] for r in reported])
             _interval(row, key, [r[key] for r in reported], confidence)
+        for key in classes:
+            values = [r.get(key) for r in reported]
+            row[key] = _mean(values)
+            _interval(row, key, [v for v in values if v is not None], confidence)
         if goodput_cfg is not None:
             bar = goodput_cfg.attainment_pct
             value, bound = goodput(mean_curve(mine), bar)

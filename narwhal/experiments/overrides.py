@@ -30,6 +30,7 @@ SCENARIO_KEYS = (
     "recovery",
     "routing",
     "admission",
+    "flow",
     "engine_contract",
     "engines",
     "fleet",

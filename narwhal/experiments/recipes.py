@@ -23,7 +23,12 @@ requires:
   offered rate: DistServe's cannot rank settings once faults keep every rate under its bar);
 - ``routing``: at least two ``[[cases]]`` (one routing policy setting each, drawn as one line
   each), one of them labelled ``figure.default`` and leaving ``[routing]`` at the core's
-  defaults, a ``[goodput]`` rate axis, and no varied grid axis.
+  defaults, a ``[goodput]`` rate axis, and no varied grid axis;
+- ``flow``: at least two ``[[cases]]`` (admission settings compared, drawn as one line each),
+  one of them labelled ``figure.baseline`` and leaving flow control off (the plain
+  admission), one varied grid axis ``figure.x`` (the offered load), and no ``[goodput]`` (each
+  class's goodput is its on-time rate at each load). Its per-class panels need a scenario with
+  ``[[workload.classes]]``, checked when the runs are drawn.
 """
 
 from __future__ import annotations
@@ -65,6 +70,11 @@ class DiffuseOptions(Options):
 
 class RoutingOptions(Options):
     default: str = "least_reserved"  # the label of the case that runs the shipped defaults
+
+
+class FlowOptions(Options):
+    x: str = "workload.rate_multiplier"  # the offered load axis
+    baseline: str = "plain admission"  # the label of the case with flow control off
 
 
 def _missing_axes(spec: SweepSpec, options: Options, axes: tuple[str, ...]) -> list[str]:
@@ -152,6 +162,30 @@ def check_routing(spec: SweepSpec, options: RoutingOptions) -> list[str]:
     return problems
 
 
+def check_flow(spec: SweepSpec, options: FlowOptions) -> list[str]:
+    problems = _missing_axes(spec, options, ("x",))
+    extra = [k for k, v in spec.grid.items() if k != options.x and len(v) > 1]
+    if extra:
+        problems.append(
+            f"grid: the flow recipe draws one load axis; also varied: {', '.join(extra)}"
+        )
+    if len(spec.cases) < 2:
+        problems.append("cases: the flow recipe compares at least two admission settings as cases")
+    labels = [case.label for case in spec.cases]
+    if options.baseline not in labels:
+        problems.append(f"figure.baseline: {options.baseline!r} is not a case label")
+    else:
+        case = spec.cases[labels.index(options.baseline)]
+        if case.set.get("flow.enabled", False) is not False:
+            problems.append(
+                f"figure.baseline: case {options.baseline!r} must leave flow control off "
+                "(flow.enabled = false: plain admission)"
+            )
+    if spec.goodput is not None:
+        problems.append("goodput: the flow recipe reads each class's on-time rate; drop [goodput]")
+    return problems
+
+
 @dataclass(frozen=True)
 class RecipeRules:
     """What one recipe asks of a spec."""
@@ -170,6 +204,7 @@ RECIPES = {
         RecipeRules("capacity", CapacityOptions, False, check_capacity),
         RecipeRules("diffuse", DiffuseOptions, False, check_diffuse),
         RecipeRules("routing", RoutingOptions, False, check_routing),
+        RecipeRules("flow", FlowOptions, False, check_flow),
     )
 }
 

@@ -36,7 +36,7 @@ from narwhal.experiments.plan import Plan, build_plan
 from narwhal.experiments.recipes import RECIPES
 from narwhal.experiments.recommendation import as_json, recommend
 from narwhal.experiments.spec_model import SweepSpec
-from narwhal.experiments.worker import ERROR_PREFIX, METRIC_FIELDS, RunOutcome
+from narwhal.experiments.worker import METRIC_FIELDS, RunOutcome, is_counted
 
 
 def prepare(spec: SweepSpec, *, seed: int | None = None, quick: bool = False) -> Plan:
@@ -134,14 +134,14 @@ def redraw(
     outcomes = [
         RunOutcome(
             task.index,
-            {k: _cell(v) for k, v in row.items() if k in known or k.startswith(ERROR_PREFIX)},
+            {k: _cell(v) for k, v in row.items() if k in known or is_counted(k)},
             None,
             0.0,
         )
         for task, row in zip(plan.tasks, rows, strict=True)
     ]
     run_fields, runs = run_rows(plan, outcomes)
-    labels = [k for k in run_fields if k not in known and not k.startswith(ERROR_PREFIX)]
+    labels = [k for k in run_fields if k not in known and not is_counted(k)]
     ours = list(csv.DictReader(csv_text(labels, runs).splitlines()))
     for index, (mine, theirs) in enumerate(zip(ours, rows, strict=True)):
         for key in labels:  # seeds alike (seed_by = "replicate") do not make the runs alike

@@ -9,8 +9,12 @@ Theory of operation: the task's scenario mapping is parsed by the simulator, run
 task's seed, and summarised by :func:`narwhal.sim.results.summarize` (DistServe SLO
 attainment). The row keeps the numbers sweeps compare: success, ``first_byte_s`` (the client's
 time to first token) and TPOT percentiles, attainment, retries, resumed streams, ejections,
-and one ``errors.<class>`` count per error class seen. With ``task.samples`` the sorted
-``first_byte_s`` of every successful request comes back too, for CDFs.
+and one ``errors.<class>`` count per error class seen. A scenario with workload classes
+(``[[workload.classes]]``) adds, per class, ``class.<name>.<metric>`` for each of
+:data:`CLASS_FIELDS` (from ``summary.json``'s ``classes``; ``on_time_rps`` is the class's
+goodput at the offered load: its on-time requests per second of the run's arrival span); a
+scenario without them adds none, so its row is what it always was. With ``task.samples`` the
+sorted ``first_byte_s`` of every successful request comes back too, for CDFs.
 """
 
 from __future__ import annotations
@@ -44,6 +48,22 @@ METRIC_FIELDS = (
 )
 ERROR_PREFIX = "errors."
 REJECTED_STATUS = 503  # the router refused the request (admission bound, no eligible engine)
+CLASS_PREFIX = "class."
+CLASS_FIELDS = (
+    "requests",
+    "success_pct",
+    "slo_attainment_pct",
+    "on_time_rps",
+    "shed",
+    "first_byte_p50_s",
+    "first_byte_p90_s",
+    "first_byte_p99_s",
+)
+
+
+def is_counted(key: str) -> bool:
+    """Whether ``key`` is one of a row's open-ended columns (error classes, workload classes)."""
+    return key.startswith(ERROR_PREFIX) or key.startswith(CLASS_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -96,7 +116,27 @@ def run_task(task: RunTask) -> RunOutcome:
     }
     for kind, count in summary["errors_by_class"].items():
         metrics[f"{ERROR_PREFIX}{kind}"] = count
+    span = result.last_arrival_s - result.first_arrival_s if result.requests > 1 else 0.0
+    for name, figures in summary.get("classes", {}).items():
+        metrics.update(class_metrics(name, figures, span))
     first_bytes = None
     if task.samples:
         first_bytes = tuple(sorted(first_bytes_ok))
     return RunOutcome(task.index, metrics, first_bytes, result.wall_s)
+
+
+def class_metrics(name: str, figures: dict[str, Any], span_s: float) -> dict[str, Any]:
+    """One workload class's ``class.<name>.<metric>`` columns from its summary."""
+    on_time = figures["slo_attainment_pct"] / 100.0 * figures["requests"]
+    first = figures["first_byte_s"]
+    values = {
+        "requests": figures["requests"],
+        "success_pct": figures["success_pct"],
+        "slo_attainment_pct": figures["slo_attainment_pct"],
+        "on_time_rps": round(on_time / span_s, 3) if span_s > 0 else None,
+        "shed": figures["shed"],
+        "first_byte_p50_s": first["p50"],
+        "first_byte_p90_s": first["p90"],
+        "first_byte_p99_s": first["p99"],
+    }
+    return {f"{CLASS_PREFIX}{name}.{key}": values[key] for key in CLASS_FIELDS}

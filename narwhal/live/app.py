@@ -54,6 +54,7 @@ from narwhal.core.requests import (
     COMPLETIONS,
 )
 from narwhal.core.routing.kv_aware import kv_aware_phases
+from narwhal.core.routing.prompt_tokens import PromptTokens
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock, EventWaiter
 from narwhal.live.engine_log import EngineEventLog
@@ -142,7 +143,9 @@ class Router:
         )
         # the engines' KV cache events, for kv_aware (None: no phase uses it)
         self.kv_events = (
-            KvEventSubscriber(config.engines, lambda: self.policies.placement.kv_index)
+            KvEventSubscriber(
+                lambda: self.policies.config.engines, lambda: self.policies.placement.kv_index
+            )
             if kv_aware_phases(config.routing)
             else None
         )
@@ -157,7 +160,7 @@ class Router:
                 poll_s=reload_poll_s,
                 sighup=reload_on_sighup,
                 say=announce,
-                on_config=self.engine_log.router_started,  # the fleet now, for a replay
+                on_config=self._reloaded,
             )
         )
         self.metrics.attach(self.policies, self.clock)
@@ -171,6 +174,8 @@ class Router:
         self._stopping = False
         self._ports: Ports | None = None
         self.passthrough = PassThrough()
+        # text and chat prompts' token ids for kv_aware ([routing.kv_aware] tokenize)
+        self.prompt_tokens = PromptTokens(self.passthrough)
         inference = Inference(self, COMPLETIONS), Inference(self, CHAT)
         # path -> method -> handler (HEAD is answered by GET's handler, without a body)
         self.routes: dict[str, dict[str, Handler]] = {
@@ -186,6 +191,12 @@ class Router:
             DETOKENIZE: {"POST": PassThroughHandler(self, DETOKENIZE)},
         }
         self.hosts = HostGate(config.client.allowed_hosts)
+
+    def _reloaded(self, config: NarwhalConfig) -> None:
+        """After a reload: the fleet now, for a replay; the KV event streams follow it."""
+        self.engine_log.router_started(config)
+        if self.kv_events is not None:
+            self.kv_events.engines_changed()
 
     @property
     def config(self) -> NarwhalConfig:
@@ -359,7 +370,11 @@ class Router:
         return Response(200, self.metrics.render(), {"content-type": PROMETHEUS_TEXT})
 
     async def _status(self, request: EdgeRequest) -> Response | None:
-        return json_response(status_document(self.policies, self.clock))
+        streams = None if self.kv_events is None else self.kv_events.status
+        document = status_document(self.policies, self.clock, streams)
+        if self.config.routing.kv_aware.tokenize:  # text and chat prompts tokenized, by outcome
+            document["tokenize"] = dict(self.prompt_tokens.counts)
+        return json_response(document)
 
     # ------------------------------------------------------------------ routing
 

@@ -30,8 +30,9 @@ consumer that prefilled) and, for an ejection, ``next_probe_at``, read from the 
 What a replay needs besides (``narwhal replay``; written only into a JSON log, ``replay_lines``,
 not as an embedder's warnings): an ``attempt_failed`` line for each attempt that failed and was
 retried, or whose committed stream was resumed elsewhere (``engine`` charged, ``fault``,
-``request``, and ``resumed``: true for a resumed stream; the request line says only how the last
-attempt ended), and at start a ``router`` line (:meth:`EngineEventLog.router_started`) with
+``request``, and ``resumed``: true for a resumed stream, ``ended``: true for one the router
+ended itself, every token delivered; the request line says only how the last attempt ended),
+and at start a ``router`` line (:meth:`EngineEventLog.router_started`) with
 the fleet (``engines``: url and role) and the ``[engine]`` and ``[recovery]`` settings in force.
 """
 
@@ -101,10 +102,11 @@ class EngineEventLog:
         if kind == "probe_result" and detail.get("outcome") != "failed":
             return
         if kind == "resume":  # a committed stream's failure: one more failed attempt, resumed
-            if detail.get("outcome") != "resumed":
+            outcome = detail.get("outcome")  # (or ended by the router: the request line says ok)
+            if outcome not in ("resumed", "ended"):
                 return
             detail = {"fault": detail.get("reason"), "request": detail.get("request")}
-            detail["resumed"] = True
+            detail["resumed" if outcome == "resumed" else "ended"] = True
         if kind == "prefill_local" and detail.get("reason") != PRODUCER_FAILED:
             return  # a short prompt or a fleet without producers: routine, counted only
         engine = decision.engine or ""

@@ -40,6 +40,7 @@ from narwhal.core.ports import Ports
 from narwhal.core.prompt_identity import prompt_fields
 from narwhal.core.records import RequestRecord
 from narwhal.core.requests import BadRequest, ClientRequest, parse_client_request
+from narwhal.core.routing.prompt_tokens import PromptTokens
 from narwhal.core.shutdown import answer_shutdown
 from narwhal.core.stalls import StallLedger
 from narwhal.live.bodies import BodyRefused, parse_body, read_bounded_body, too_large
@@ -59,6 +60,7 @@ class InferenceRouter(Protocol):
     stalls: StallLedger
     policies: Policies
     reporter: RequestReporter
+    prompt_tokens: PromptTokens
 
     @property
     def config(self) -> NarwhalConfig: ...
@@ -177,6 +179,8 @@ class Inference:
 
         try:
             async with CancelledOnDisconnect(request.closed, sink):
+                # token ids for kv_aware from an engine, when opted in (never charged)
+                await router.prompt_tokens.fetch(parsed, router.ports, router.policies)
                 await serve_request(parsed, router.ports, router.policies, sink)
                 await sink.finish()
         except anyio.get_cancelled_exc_class():

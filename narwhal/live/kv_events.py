@@ -5,20 +5,25 @@ KV index; what a message means is :mod:`narwhal.core.routing.kv_events`' decisio
 router believes an engine holds is :class:`~narwhal.core.routing.kv_index.KvIndex`'s. A stream
 that fails never charges its engine (the breaker is not told): the engine only loses its
 reported entries and is placed on the router's own speculative entries, the approximate
-estimate, until its stream is whole again; every such fall back is counted in ``/metrics``.
+estimate, until its stream is whole again; every such fall back is counted in ``/metrics`` and
+shown per engine in ``/status`` (:meth:`KvEventSubscriber.status`).
 
 Theory of operation: one task per engine with ``kv_events`` configured
-(:class:`~narwhal.core.config.EngineEntry`) holds a ZMQ SUB socket connected to the
-publisher, subscribed to its topic, and a monitor of that socket: the stream is *up* from the
-socket's connection until its disconnection, and each disconnection marks the engine down in
-the index (:meth:`~narwhal.core.routing.kv_index.KvIndex.stream_down`; ZMQ reconnects by
-itself, and the restarted engine's new sequence starts afresh). Each message is decoded whole
-or refused (counted; the index drops the engine's entries, as for a gap of unknown size).
-Before a batch is applied, its sequence number is compared with the one the index expects:
-when batches were missed (or, at the first batch seen, when the engine may have published
-before the router connected) and the engine has a replay socket (``kv_events_replay``, vLLM's
-ROUTER), a DEALER asks for every buffered batch from the first one missing (vLLM answers each
-as ``["", topic, seq, payload]`` and ends with the sequence ``-1``), and those batches are
+(:class:`~narwhal.core.config.EngineEntry`) in the configuration in force holds a ZMQ SUB socket
+connected to the publisher, subscribed to its topic, and a monitor of that socket. The set
+follows reloads: :meth:`KvEventSubscriber.engines_changed` (called after every reload) makes
+:meth:`KvEventSubscriber.run` start a task for each engine added, cancel the task of each engine
+removed (its index entries go: it takes no new placement while it drains) and restart the task
+of an engine whose endpoints or topic changed (its stream starts afresh). Per engine: the stream
+is *up* from the socket's connection until its disconnection, and each disconnection marks the
+engine down in the index (:meth:`~narwhal.core.routing.kv_index.KvIndex.stream_down`; ZMQ
+reconnects by itself, and the restarted engine's new sequence starts afresh). Each message is
+decoded whole or refused (counted; the index drops the engine's entries, as for a gap of unknown
+size). Before a batch is applied, its sequence number is compared with the one the index
+expects: when batches were missed (or, at the first batch seen, when the engine may have
+published before the router connected) and the engine has a replay socket (``kv_events_replay``,
+vLLM's ROUTER), a DEALER asks for every buffered batch from the first one missing (vLLM answers
+each as ``["", topic, seq, payload]`` and ends with the sequence ``-1``), and those batches are
 applied first, so the index sees no gap. A replay that does not answer within
 ``REPLAY_TIMEOUT_S`` is abandoned: the index then sees the gap and drops the engine's entries.
 """
@@ -33,6 +38,7 @@ from typing import Any
 import anyio
 import zmq
 import zmq.asyncio
+from anyio.abc import TaskGroup
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from zmq.utils.monitor import parse_monitor_message
 
@@ -76,23 +82,88 @@ class StreamCounts:
     downs: int = 0  # disconnections (each a fall back to the approximate estimate)
 
 
-class KvEventSubscriber:
-    """Feeds the index the placement reads with every configured engine's KV events."""
+def _stream_spec(entry: EngineEntry) -> tuple[str | None, str | None, str]:
+    """What a subscription to ``entry`` connects to (a change restarts it)."""
+    return (entry.kv_events, entry.kv_events_replay, entry.kv_events_topic)
 
-    def __init__(self, engines: list[EngineEntry], index_of: Callable[[], KvIndex]) -> None:
-        self._engines = [e for e in engines if e.kv_events is not None]
-        self._index_of = index_of  # the placement's index (read each time: a reload may swap)
-        self.streams = {e.url: StreamCounts() for e in self._engines}
+
+class KvEventSubscriber:
+    """Feeds the index the placement reads with the KV events of every engine of the
+    configuration in force (module docstring)."""
+
+    def __init__(
+        self, engines_of: Callable[[], list[EngineEntry]], index_of: Callable[[], KvIndex]
+    ) -> None:
+        self._engines_of = engines_of  # the configuration in force's engines (a reload changes)
+        self._index_of = index_of  # the placement's index
+        self.streams = {url: StreamCounts() for url in self._wanted()}
+        self._following: dict[str, tuple[tuple[str | None, str | None, str], anyio.CancelScope]]
+        self._following = {}
+        self._changed = anyio.Event()
         self._ctx = zmq.asyncio.Context()
 
+    def _wanted(self) -> dict[str, EngineEntry]:
+        return {e.url: e for e in self._engines_of() if e.kv_events is not None}
+
+    def engines_changed(self) -> None:
+        """The configuration's engines may have changed (a reload): follow them (on the
+        router's event loop)."""
+        self._changed.set()
+
     async def run(self) -> None:
-        """Follow every engine's stream until cancelled."""
+        """Follow every configured engine's stream, as reloads change them, until cancelled."""
         try:
             async with anyio.create_task_group() as group:
-                for entry in self._engines:
-                    group.start_soon(self._follow, entry)
+                while True:
+                    self._reconcile(group)
+                    await self._changed.wait()
+                    self._changed = anyio.Event()
         finally:
             self._ctx.destroy(linger=0)
+
+    def _reconcile(self, group: TaskGroup) -> None:
+        wanted = self._wanted()
+        for url, (spec, scope) in list(self._following.items()):
+            entry = wanted.get(url)
+            if entry is not None and _stream_spec(entry) == spec:
+                continue
+            scope.cancel()
+            del self._following[url]
+            if entry is None:  # removed: unsubscribed, its entries dropped
+                self.streams.pop(url, None)
+                self._index_of().forget(url)
+                log.warning("KV event stream of %s unsubscribed (engine removed)", url)
+            else:  # moved: the new stream starts afresh
+                self.streams[url].up = False
+                self._index_of().stream_down(url)
+        for url, entry in wanted.items():
+            if url not in self._following:
+                scope = anyio.CancelScope()
+                self._following[url] = (_stream_spec(entry), scope)
+                self.streams.setdefault(url, StreamCounts())
+                group.start_soon(self._follow_within, entry, scope)
+
+    async def _follow_within(self, entry: EngineEntry, scope: anyio.CancelScope) -> None:
+        with scope:
+            await self._follow(entry)
+
+    def status(self, url: str) -> dict[str, Any] | None:
+        """``url``'s stream for ``/status`` (None: the router does not follow one for it)."""
+        counts = self.streams.get(url)
+        if counts is None:
+            return None
+        index = self._index_of()
+        return {
+            "connected": counts.up,
+            "last_seq": index.last_seq(url),
+            "gaps": index.engine_gaps(url),
+            "batches": counts.batches,
+            "refused": counts.refused,
+            "replays": counts.replays,
+            "replay_failures": counts.replay_failures,
+            "downs": counts.downs,
+            "placed_on_estimate": index.estimated_placements(url),
+        }
 
     async def _follow(self, entry: EngineEntry) -> None:
         sub = self._ctx.socket(zmq.SUB)
@@ -200,6 +271,15 @@ class KvEventSubscriber:
         yield up
         yield from counters.values()
         index = self._index_of()
+        estimated = CounterMetricFamily(
+            "narwhal_kv_events_placed_on_estimate",
+            "placements of a prompt on the engine while its stream had delivered nothing (the "
+            "approximate estimate alone)",
+            labels=["engine"],
+        )
+        for url in self.streams:
+            estimated.add_metric([url], float(index.estimated_placements(url)))
+        yield estimated
         yield CounterMetricFamily(
             "narwhal_kv_index_gaps", "sequence gaps the KV index saw", value=float(index.gaps)
         )

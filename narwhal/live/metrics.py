@@ -22,7 +22,7 @@ import logging
 import math
 import platform
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -489,8 +489,14 @@ class RouterMetrics:
         return bytes(generate_latest(self.registry))
 
 
-def status_document(policies: Policies, clock: AnyioClock) -> dict[str, Any]:
-    """The ``GET /status`` JSON (times in seconds since the epoch)."""
+def status_document(
+    policies: Policies,
+    clock: AnyioClock,
+    kv_streams: Callable[[str], dict[str, Any] | None] | None = None,
+) -> dict[str, Any]:
+    """The ``GET /status`` JSON (times in seconds since the epoch). ``kv_streams``: an engine's
+    KV event stream (:meth:`narwhal.live.kv_events.KvEventSubscriber.status`), shown as its
+    ``kv_events`` when the router follows streams."""
     now = clock.now()
     engines: list[dict[str, Any]] = []
     for url, role in policies.engines_known():  # joining and draining engines too
@@ -510,6 +516,7 @@ def status_document(policies: Policies, clock: AnyioClock) -> dict[str, Any]:
                 "quarantined_until": to_wall(clock, quarantined),
                 "reservations": dict(policies.placement.counts[url]),
                 **_load_status(policies, clock, url),
+                **({} if kv_streams is None else {"kv_events": kv_streams(url)}),
             }
         )
     return {
@@ -530,6 +537,8 @@ def status_document(policies: Policies, clock: AnyioClock) -> dict[str, Any]:
         "time": clock.wall(),
         # [flow] enabled: per band, queue length, queued, dispatched, mean wait, refusals
         **({"flow": policies.flow.snapshot()} if policies.flow.enabled else {}),
+        # and per fairness flow label (the heaviest flows by name, the rest as "other")
+        **({"flow_fairness": policies.flow.flow_snapshot()} if policies.flow.enabled else {}),
     }
 
 

@@ -139,6 +139,10 @@ class FleetSettings(_Strict):
     kv_lease_s: float = Field(30.0, gt=0)
     kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
     prefix_caching: bool = True  # vLLM V1's automatic prefix caching (on by default, as in vLLM)
+    # vLLM's async scheduling (on by default since vLLM 0.14): each step is planned while the
+    # one before it runs, so an arrival waits one more step and a finished sequence holds its
+    # seat one more step
+    async_scheduling: bool = False
     link_bandwidth_gbps: float = Field(40.0, gt=0)  # GB/s per link
     link_setup_ms: float = Field(1.0, ge=0)
     topology: Literal["per_consumer", "shared"] = "per_consumer"
@@ -384,6 +388,7 @@ class FleetSettings(_Strict):
             kv_lease_s=self.kv_lease_s,
             kv_load_failure_policy=self.kv_load_failure_policy,
             prefix_caching=self.prefix_caching,
+            async_scheduling=self.async_scheduling,
         )
 
 

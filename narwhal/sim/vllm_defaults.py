@@ -148,3 +148,19 @@ def departures(
                 f"{key} {value:g} departs from vLLM's default {default:g} on {device_name}"
             )
     return notes
+
+
+# vLLM 0.14.0 made async scheduling the default (vllm-project/vllm#27614, in its release notes'
+# breaking changes); pipeline parallelism on the V1 model runner still turns it off.
+ASYNC_SCHEDULING_SINCE = (0, 14)
+
+
+def async_scheduling_default(vllm_version: str, pipeline_parallel: int = 1) -> bool | None:
+    """Whether a CUDA vLLM of ``vllm_version`` schedules asynchronously unless told otherwise;
+    None when the version cannot be read (e.g. "not recorded")."""
+    parts = vllm_version.strip().lstrip("v").split(".")
+    try:
+        version = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        return None
+    return version >= ASYNC_SCHEDULING_SINCE and pipeline_parallel <= 1

@@ -10,7 +10,7 @@ import simpy
 
 from narwhal.core.config import NarwhalConfig
 from narwhal.core.entry import admit_and_serve
-from narwhal.core.flow import FlowHeaderError, FlowKey, classify
+from narwhal.core.flow import REASONS, FlowHeaderError, FlowKey, classify
 from narwhal.core.policies import Policies
 from narwhal.core.records import RequestRecord
 from narwhal.core.routing.load import EngineLoad
@@ -91,7 +91,7 @@ def test_queue_ttl_answers_503_naming_the_reason_and_charges_nothing() -> None:
     assert record.status == 503 and record.outcome == "shed" and record.attempts == 0
     assert "queue_ttl" in (record.error or "") and record.engines == ()
     assert record.finished_s == pytest.approx(0.5)
-    assert policies.flow.stats[0].refused == {"queue_full": 0, "queue_ttl": 1, "probabilistic": 0}
+    assert policies.flow.stats[0].refused == {**dict.fromkeys(REASONS, 0), "queue_ttl": 1}
 
 
 def test_band_bound_holds_under_a_burst() -> None:

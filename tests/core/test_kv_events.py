@@ -155,6 +155,22 @@ def test_a_sequence_gap_drops_the_engine_and_marks_it_approximate() -> None:
     assert index.refused_batches == 1 and index.approximate("e") and index.total == 0
 
 
+def test_each_engine_keeps_its_sequence_gaps_and_placements_on_the_estimate() -> None:
+    index = KvIndex()
+    assert index.placed_on_estimate("e")  # nothing heard from it yet
+    index.apply("e", 3, batch(stored(1)))
+    index.apply("e", 5, batch(stored(2)))  # batch 4 missed
+    index.apply("f", 0, batch(stored(1)))
+    assert (index.last_seq("e"), index.engine_gaps("e"), index.engine_gaps("f")) == (5, 1, 0)
+    assert not index.placed_on_estimate("e")  # its stream delivers: scored on its events
+    index.stream_down("e")
+    assert index.last_seq("e") is None
+    assert index.placed_on_estimate("e") and index.placed_on_estimate("e")
+    assert index.estimated_placements("e") == 3 and index.estimated_placements("f") == 0
+    index.forget("e")
+    assert index.estimated_placements("e") == 0 and index.last_seq("e") is None
+
+
 def test_the_bounds_drop_the_oldest_entries_first() -> None:
     index = KvIndex(max_blocks_per_engine=3, max_blocks_total=5)
     index.apply("e", 0, batch(stored(1, 2, 3, 4)))

@@ -44,7 +44,13 @@ def chunk(ids: list[int], text: str, **choice: Any) -> Any:
     [
         (COMPLETIONS, {}, None),
         (COMPLETIONS, {"response_format": {"type": "text"}, "n": 1, "stop": []}, None),
-        (CHAT, {}, "endpoint"),
+        (CHAT, {}, None),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}, None),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "media"),
+        (CHAT, {"thinking_token_budget": 10}, "reasoning"),
+        (CHAT, {"tools": [{"type": "function"}]}, "guided"),
+        (CHAT, {"logprobs": True, "top_logprobs": 2}, "logprobs"),
+        (CHAT, {"echo": True}, "echo"),
         (COMPLETIONS, {"guided_json": {"type": "object"}}, "guided"),
         (COMPLETIONS, {"response_format": {"type": "json_object"}}, "guided"),
         (COMPLETIONS, {"tools": [{"type": "function"}]}, "guided"),
@@ -180,7 +186,7 @@ def test_a_finish_reason_means_nothing_is_left_and_the_router_ends_with_the_usag
     usage_asked = request(stream_options={"include_usage": True}, max_tokens=None)
     resume = StreamResume(usage_asked, None)
     resume.saw(chunk([10], "a", prompt_token_ids=[1, 2, 3]))
-    assert resume.remaining() is None  # no max_tokens: open-ended
+    assert resume.remaining() == 15  # no max_tokens: vLLM's completions default of 16
     resume.saw(chunk([2], "", finish_reason="stop"))  # an end-of-sequence id, delivered
     assert resume.remaining() == 0
     ending = resume.ending()

@@ -25,7 +25,8 @@ def test_validating_a_spec_loads_neither_the_figures_nor_matplotlib() -> None:
         import sys
         from narwhal.experiments.spec import load_spec
         from narwhal.experiments.sweep import prepare
-        for name in ("tuning", "retries", "capacity", "diffuse", "routing", "routing-shared"):
+        for name in ("tuning", "retries", "capacity", "diffuse", "routing", "routing-shared",
+                     "flow"):
             prepare(load_spec({str(EXPERIMENTS)!r} + "/" + name + ".toml"), quick=True)
         loaded = [m for m in sys.modules if m.startswith(("narwhal.experiments.figures",
                                                           "matplotlib"))]

@@ -17,7 +17,28 @@ def test_the_shipped_specs_are_routing_recipes_with_the_core_default() -> None:
         assert spec.sweep.recipe == "routing"
         labels = [case.label for case in spec.cases]
         assert labels[0] == spec.figure["default"] == "least_reserved"
-        assert {"round_robin", "power_of_two", "least_loaded", "prefix_affinity"} <= set(labels)
+        assert {"round_robin", "power_of_two", "least_loaded", "prefix_affinity", "kv_aware"} <= (
+            set(labels)
+        )
+
+
+def test_the_kv_evidence_specs_share_policies_seeds_and_load_per_engine() -> None:
+    """The four routing-kv specs are read together (benchmarks/simulator/kv_routing_evidence.py):
+    the same policies and seeds, and a fleet of 8 at twice the 4-engine rates."""
+    specs = {
+        name: load_spec(EXPERIMENTS / f"routing-kv-{name}.toml")
+        for name in ("mooncake-4", "mooncake-8", "shared-4", "shared-8")
+    }
+    for name, spec in specs.items():
+        labels = [case.label for case in spec.cases]
+        assert labels == ["least_reserved", "round_robin", "least_loaded", "prefix_affinity",
+                          "kv_aware"], name  # fmt: skip
+        assert spec.sweep.seed_by == "replicate" and spec.sweep.replicates >= 5
+        assert spec.base["fleet.size"] == int(name.split("-")[1])
+    for workload in ("mooncake", "shared"):
+        small, large = specs[f"{workload}-4"].goodput, specs[f"{workload}-8"].goodput
+        assert small is not None and large is not None
+        assert [2 * m for m in small.rate_multipliers] == list(large.rate_multipliers)
 
 
 @pytest.mark.parametrize(

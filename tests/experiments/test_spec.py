@@ -168,8 +168,10 @@ def test_cli_refuses_a_bad_spec_with_exit_2(
 
 @pytest.mark.parametrize(
     "name",
-    ["tuning", "retries", "capacity", "capacity-old-model", "diffuse", "routing", "routing-shared"],
-)
+    ["tuning", "retries", "capacity", "capacity-old-model", "diffuse", "routing", "routing-shared",
+     "routing-kv-mooncake-4", "routing-kv-mooncake-8", "routing-kv-shared-4",
+     "routing-kv-shared-8"],
+)  # fmt: skip
 def test_shipped_recipes_are_valid_full_and_quick(name: str) -> None:
     spec = load_spec(EXPERIMENTS / f"{name}.toml")
     assert spec.sweep.recipe == name.split("-")[0]

@@ -16,7 +16,7 @@ from narwhal.cli import main
 from narwhal.experiments.aggregate import SweepResult
 from narwhal.experiments.spec import load_spec
 from narwhal.experiments.sweep import run_sweep, write_sweep
-from narwhal.experiments.worker import METRIC_FIELDS
+from narwhal.experiments.worker import CLASS_FIELDS, CLASS_PREFIX, METRIC_FIELDS
 from tests.experiments.conftest import EXPERIMENTS
 
 RECIPE_FILES = {
@@ -26,6 +26,7 @@ RECIPE_FILES = {
     "diffuse": ["diffuse"],
     "routing": ["routing"],
     "routing-shared": ["routing"],
+    "flow": ["flow"],
 }
 FIGURE_COLUMNS = {
     "tuning": {"recovery.eject_after", "recovery.failure_quarantine_s", "success_pct",
@@ -44,6 +45,10 @@ FIGURE_COLUMNS = {
                 "first_byte_p90_s", "tpot_p50_s", "slo_attainment_pct", "rejected_pct",
                 "prefix_cache_hit_rate", "goodput_rps", "goodput_bound", "default",
                 "recommended", "goodput_rps_ci_low", "goodput_rps_ci_high"},
+    "flow": {"case", "load", "class", "slo_attainment_pct", "slo_attainment_pct_ci_low",
+             "slo_attainment_pct_ci_high", "first_byte_p90_s", "first_byte_p90_s_ci_low",
+             "first_byte_p90_s_ci_high", "on_time_rps", "on_time_rps_ci_low",
+             "on_time_rps_ci_high", "shed", "success_pct"},
 }  # fmt: skip
 
 
@@ -122,6 +127,23 @@ def test_quick_recipe_writes_csv_and_png(name: str, quick_sweeps: Callable[[str]
         assert all(0.0 <= float(r["prefix_cache_hit_rate"]) <= 1.0 for r in rows)
         hits = {r["policy"]: float(r["prefix_cache_hit_rate"]) for r in rows}
         assert hits["prefix_affinity"] > 0.0  # the workload shares prefixes and caching is on
+    classes = [k for k in runs[0] if k.startswith(CLASS_PREFIX)]
+    if name != "flow":  # no workload classes: no class columns, the rows as they always were
+        assert classes == [] and not any(k.startswith(CLASS_PREFIX) for k in points[0])
+    else:  # per class, every metric, in the scenario's order; means with intervals per point
+        names = ["critical", "noisy", "sheddable"]
+        assert classes == [f"{CLASS_PREFIX}{n}.{k}" for n in names for k in CLASS_FIELDS]
+        for run in runs:  # the classes partition the run's requests
+            assert sum(int(run[f"{CLASS_PREFIX}{n}.requests"]) for n in names) == int(
+                run["requests"]
+            )
+        for key in classes:
+            assert {key, f"{key}_ci_low", f"{key}_ci_high"} <= set(points[0])
+        rows = _read(out / "flow.csv")
+        assert len(rows) == len(points) * len(names)
+        plain = {(r["load"], r["class"]): r for r in rows if r["case"] == "plain admission"}
+        assert {r["case"] for r in rows} == {"plain admission", "flow control"}
+        assert all(plain[(r["load"], r["class"])]["shed"] in ("0", "0.0") for r in rows)
 
 
 def _files(result: SweepResult, out: Path) -> dict[str, bytes]:
@@ -182,6 +204,17 @@ def test_redraw_rebuilds_the_same_files_from_runs_csv(
     assert main([*args, "--redraw"]) == 0
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before
     assert main([*args, "--redraw", "--seed", "1"]) == 2  # other seeds: not this sweep's CSV
+
+
+def test_redraw_rebuilds_the_flow_recipe_with_its_class_columns(
+    tmp_path: Path, quick_sweeps: Callable[[str], Path]
+) -> None:
+    out = shutil.copytree(quick_sweeps("flow"), tmp_path / "flow")
+    before = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    (out / "flow.png").unlink()
+    (out / "points.csv").unlink()
+    assert main([*quick_args("flow", out), "--redraw"]) == 0
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == before
 
 
 def test_redraw_refuses_another_grids_runs_even_with_the_same_seeds(

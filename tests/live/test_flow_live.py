@@ -124,7 +124,7 @@ def test_disconnect_bound_and_health_under_a_burst(
     assert sorted(out[0][0] for out in burst) == [200] * 5 + [503] * 55
     handle.wait_for(lambda: handle.status()["admission"]["in_flight"] == 0)
     status = handle.status()
-    assert status["flow"]["-1"]["refused"] == {"queue_full": 55, "queue_ttl": 0, "probabilistic": 0}
+    assert status["flow"]["-1"]["refused"] == {**dict.fromkeys(REASONS, 0), "queue_full": 55}
     assert status["flow"]["-1"]["dispatched"] == 5
     for engine in status["engines"]:  # nothing of it is an engine's fault
         assert engine["failure_streak"] == 0

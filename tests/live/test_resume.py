@@ -16,48 +16,63 @@ from narwhal.emulator.text import completion_tokens, prompt_text, token_ids
 from tests.live.conftest import HTTP, Emulator, RouterHandle, metric_value
 
 PROMPT = "A narwhal's tusk is a tooth that grows through its lip"
+MESSAGES = [{"role": "user", "content": PROMPT}]
 MAX_TOKENS = 12
 DIE_AFTER = 5
 
 
-def uninterrupted(n: int = MAX_TOKENS) -> str:
-    return "".join(completion_tokens(prompt_text({"prompt": PROMPT}, chat=False), n))
+def uninterrupted(n: int = MAX_TOKENS, chat: bool = False) -> str:
+    body = {"messages": MESSAGES} if chat else {"prompt": PROMPT}
+    return "".join(completion_tokens(prompt_text(body, chat=chat), n))
 
 
-def stream_bytes(handle: RouterHandle, **extra: Any) -> bytes:
-    """The body of one streamed completion, as the client reads it."""
-    body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "stream": True}
-    with HTTP.stream("POST", handle.url + "/v1/completions", json={**body, **extra}) as reply:
+def stream_bytes(handle: RouterHandle, chat: bool = False, **extra: Any) -> bytes:
+    """The body of one streamed completion (``chat``: chat completion), as the client reads
+    it; ``extra`` fields set to None are left out."""
+    body: dict[str, Any] = {"model": "tiny-llama", "max_tokens": MAX_TOKENS, "stream": True}
+    body.update({"messages": MESSAGES} if chat else {"prompt": PROMPT})
+    body = {k: v for k, v in {**body, **extra}.items() if v is not None}
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    with HTTP.stream("POST", handle.url + path, json=body) as reply:
         assert reply.status_code == 200
         return reply.read()
 
 
-def stream_events(handle: RouterHandle, **extra: Any) -> list[Any]:
+def stream_events(handle: RouterHandle, chat: bool = False, **extra: Any) -> list[Any]:
     """Every SSE data field of one streamed completion, JSON-decoded ("[DONE]" kept as is)."""
-    raw = stream_bytes(handle, **extra).decode()
+    raw = stream_bytes(handle, chat, **extra).decode()
     datas = [line[6:] for line in raw.split("\n") if line.startswith("data: ")]
     return [d if d == "[DONE]" else json.loads(d) for d in datas]
 
 
 def until_placed_on_the_dying(
-    handle: RouterHandle, **extra: Any
+    handle: RouterHandle,
+    dying: Emulator,
+    chat: bool = False,
+    tokens: int = MAX_TOKENS,
+    **extra: Any,
 ) -> tuple[list[Any], dict[str, Any]]:
-    """Stream requests until one was placed first on the dying consumer (the placement spreads
-    them; a bounded number of tries): its events and its request record."""
-    for tries in range(1, 11):
-        events = stream_events(handle, **extra)
+    """Stream requests until one was placed on the dying consumer (the placement spreads them;
+    a bounded number of tries): its events and its request record. ``tokens``: how many an
+    uninterrupted run of the request generates."""
+    before = len(handle.logged_requests())
+    for tries in range(before + 1, before + 11):
+        events = stream_events(handle, chat, **extra)
         handle.wait_for(lambda n=tries: len(handle.logged_requests()) == n)  # type: ignore[misc]
         record = handle.logged_requests()[-1]
-        failed = record["attempts"] > 1 or record["status"] != 200
-        if failed or record.get("resume_refused") or record.get("resumes"):
-            return events, record  # (resumes in one attempt: only the end was lost)
-        assert text_of(events) == uninterrupted()  # placed on the healthy one: as ever
+        if dying.url in record["engines"]:
+            return events, record
+        assert text_of(events) == uninterrupted(tokens, chat)  # placed on the healthy one
     raise AssertionError("no request was placed on the dying consumer in 10 tries")
 
 
 def text_of(events: list[Any]) -> str:
+    """The text the client assembles: completions' ``text``, chat's ``delta.content``."""
     return "".join(
-        c.get("text", "") for e in events if isinstance(e, dict) for c in e.get("choices", [])
+        c.get("text", "") or (c.get("delta") or {}).get("content") or ""
+        for e in events
+        if isinstance(e, dict)
+        for c in e.get("choices", [])
     )
 
 
@@ -104,7 +119,9 @@ def test_a_consumer_dying_mid_stream_is_resumed_with_the_uninterrupted_text(
 ) -> None:
     dying, healthy, handle = fleet(emulator, router)
     dying.faults({**fault, "after_tokens": DIE_AFTER})
-    events, record = until_placed_on_the_dying(handle, stream_options={"include_usage": True})
+    events, record = until_placed_on_the_dying(
+        handle, dying, stream_options={"include_usage": True}
+    )
     assert text_of(events) == uninterrupted()
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     chunks = [e for e in events if isinstance(e, dict)]
@@ -138,7 +155,7 @@ def test_resume_off_keeps_the_terminal_error_event(
 ) -> None:
     dying, _healthy, handle = fleet(emulator, router, resume=False)
     dying.faults({"kind": "disconnect", "after_tokens": DIE_AFTER})
-    events, record = until_placed_on_the_dying(handle)
+    events, record = until_placed_on_the_dying(handle, dying)
     assert text_of(events) == uninterrupted(DIE_AFTER)
     assert "error" in events[-1] and "[DONE]" not in events
     chunks = [e for e in events if isinstance(e, dict) and "choices" in e]
@@ -166,7 +183,7 @@ def test_a_stream_that_cannot_be_replayed_exactly_ends_with_the_terminal_event(
 ) -> None:
     dying, _healthy, handle = fleet(emulator, router, **recovery)
     dying.faults({"kind": "disconnect", "after_tokens": DIE_AFTER})
-    events, record = until_placed_on_the_dying(handle, **extra)
+    events, record = until_placed_on_the_dying(handle, dying, **extra)
     assert "error" in events[-1] and "[DONE]" not in events
     assert text_of(events) == uninterrupted(DIE_AFTER)
     metrics = handle.metrics()
@@ -184,7 +201,7 @@ def test_a_client_that_asked_for_token_ids_gets_them_continuous_across_the_resum
 ) -> None:
     dying, _healthy, handle = fleet(emulator, router)
     dying.faults({"kind": "disconnect", "after_tokens": DIE_AFTER})
-    events, record = until_placed_on_the_dying(handle, return_token_ids=True)
+    events, record = until_placed_on_the_dying(handle, dying, return_token_ids=True)
     assert record["resumes"] == 1 and text_of(events) == uninterrupted()
     choices = [c for e in events if isinstance(e, dict) for c in e["choices"]]
     assert [i for c in choices for i in c.get("token_ids") or []] == uninterrupted_ids()
@@ -233,7 +250,7 @@ def test_when_only_the_end_was_lost_the_router_ends_the_stream_with_the_usage_as
     dying, _healthy, handle = fleet(emulator, router)
     dying.faults({"kind": "disconnect", "after_tokens": MAX_TOKENS})  # every token, no end
     extra = {"stream_options": {"include_usage": True}} if usage else {}
-    events, record = until_placed_on_the_dying(handle, **extra)
+    events, record = until_placed_on_the_dying(handle, dying, **extra)
     assert text_of(events) == uninterrupted()
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     assert record["status"] == 200 and record["attempts"] == 1  # nothing sent afresh

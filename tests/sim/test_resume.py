@@ -14,13 +14,13 @@ from tests.sim.conftest import scenario
 DYING = "http://sim-d0"
 
 
-def _run(kind: str, resume: bool, **recovery: Any) -> RunResult:
+def _run(kind: str, resume: bool, endpoint: str = "completions", **recovery: Any) -> RunResult:
     fault = {"kind": kind, "engine": DYING, "at_s": 0.0, "duration_s": 1000.0, "after_tokens": 5}
     return run(
         scenario(
             fleet={"prefill": 1, "decode": 2},
             recovery={"eject_after": 1000, "resume_streams": resume, **recovery},
-            workload={"rate": 5.0, "duration_s": 3.0},
+            workload={"rate": 5.0, "duration_s": 3.0, "endpoint": endpoint},
             faults=[fault],
             sim={"health_checks": False},
         )
@@ -28,11 +28,18 @@ def _run(kind: str, resume: bool, **recovery: Any) -> RunResult:
 
 
 @pytest.mark.parametrize(
-    ("kind", "reason"),
-    [("disconnect", "closed_before_done"), ("stall", "silence"), ("inband_error", "inband_error")],
+    ("kind", "reason", "endpoint"),
+    [
+        ("disconnect", "closed_before_done", "completions"),
+        ("stall", "silence", "completions"),
+        ("inband_error", "inband_error", "completions"),
+        ("disconnect", "closed_before_done", "chat"),  # continued as completions from its ids
+    ],
 )
-def test_streams_a_dying_consumer_broke_are_resumed_whole(kind: str, reason: str) -> None:
-    result = _run(kind, resume=True)
+def test_streams_a_dying_consumer_broke_are_resumed_whole(
+    kind: str, reason: str, endpoint: str
+) -> None:
+    result = _run(kind, resume=True, endpoint=endpoint)
     rows = record_rows(result)
     hit = [r for r in rows if r["engines"].split()[1] == DYING]
     assert hit and len(hit) < len(rows)  # some were placed on the dying consumer first

@@ -62,15 +62,16 @@ def fleet_config_text(
     *,
     routing: dict[str, Any] | None = None,
     recovery: dict[str, Any] | None = None,
+    engine: dict[str, Any] | None = None,
 ) -> str:
     """A Narwhal TOML config for several producers and consumers, each producer's NIXL side
-    channel and the true contract pinned, with a ``[routing]`` section and ``recovery``
-    settings over the suite's."""
+    channel and the true contract pinned, with a ``[routing]`` section and ``recovery`` and
+    ``engine`` settings over the suite's."""
     prefill = [
         {"url": p.url, "role": "prefill", "kv_endpoint": p.side_channel or ""} for p in producers
     ]
     data: dict[str, Any] = {
-        "engine": dict(ENGINE_SETTINGS),
+        "engine": {**ENGINE_SETTINGS, **(engine or {})},
         "recovery": {**RECOVERY_SETTINGS, **(recovery or {})},
         "engine_contract": {
             "model": MODEL,

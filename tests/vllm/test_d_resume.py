@@ -1,6 +1,8 @@
 """A resumed stream on real vLLM: a consumer killed mid-stream, the client's stream resumed by
 token replay (vLLM's ``return_token_ids``: the prompt's and the delivered tokens' ids, prefilled
-afresh), and the client's text exactly the uninterrupted greedy run's.
+afresh), and the client's text exactly the uninterrupted greedy run's — for a completions stream
+and for a chat stream (its prompt's ids the chat template's, as the engine reported them on the
+role chunk; the continuation a completions request, rewritten into the client's chat chunks).
 
 Destructive (the consumer is left dead; the ``pair`` fixture restarts it for any later test), so
 it runs after the other files. The second consumer is the suite's plain engine (no KV connector:
@@ -10,6 +12,7 @@ it ignores the handoff and computes the prompt itself), which also gives the ref
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -26,16 +29,48 @@ MAX_TOKENS = 1900  # about 4 s of decode: the kill comes long before the end
 KILL_AFTER = 20
 
 
-def test_consumer_killed_mid_stream_is_resumed_with_the_uninterrupted_text(
-    pair: Fleet, tmp_path: Path, log_dir: Path
-) -> None:
-    prompt = unique_prompt(17, 50)
-    single = openai.OpenAI(base_url=pair.single.url + "/v1", api_key="unused", max_retries=0)
-    expected = single.completions.create(
-        model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+def uninterrupted(client: openai.OpenAI, endpoint: str, prompt: str) -> str:
+    """The greedy text of one whole run (not streamed)."""
+    if endpoint == "completions":
+        done = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+        )
+        assert done.choices[0].finish_reason == "length"  # (the tiny model: greedy, no EOS)
+        return done.choices[0].text
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
     )
-    reference = expected.choices[0].text
-    assert len(reference) == MAX_TOKENS  # the tiny model never ends early (greedy, no EOS)
+    assert chat.choices[0].finish_reason == "length"
+    return chat.choices[0].message.content or ""
+
+
+def streamed(client: openai.OpenAI, endpoint: str, prompt: str) -> tuple[str, set[str]]:
+    """The text a streaming client assembles, and the extra fields its choices carried."""
+    common: dict[str, Any] = {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0}
+    if endpoint == "completions":
+        stream = client.completions.create(prompt=prompt, stream=True, **common)
+        choices = [chunk.choices[0] for chunk in stream if chunk.choices]
+        extra = {k for choice in choices for k in choice.model_extra or {}}
+        return "".join(choice.text for choice in choices), extra
+    messages: Any = [{"role": "user", "content": prompt}]
+    chunks = list(client.chat.completions.create(messages=messages, stream=True, **common))
+    assert len({(c.id, c.created) for c in chunks}) == 1  # one client stream
+    extra = {k for c in chunks for k in c.model_extra or {}}
+    extra |= {k for c in chunks for choice in c.choices for k in choice.model_extra or {}}
+    text = "".join(choice.delta.content or "" for c in chunks for choice in c.choices)
+    return text, extra
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_consumer_killed_mid_stream_is_resumed_with_the_uninterrupted_text(
+    pair: Fleet, tmp_path: Path, log_dir: Path, endpoint: str
+) -> None:
+    prompt = unique_prompt(17, 50) if endpoint == "completions" else unique_prompt(18, 40)
+    single = openai.OpenAI(base_url=pair.single.url + "/v1", api_key="unused", max_retries=0)
+    reference = uninterrupted(single, endpoint, prompt)
 
     config = tmp_path / "narwhal-resume.toml"
     config.write_text(
@@ -44,22 +79,20 @@ def test_consumer_killed_mid_stream_is_resumed_with_the_uninterrupted_text(
             [pair.consumer, pair.single],  # round robin: the first stream goes to the consumer
             routing={"decode": "round_robin"},
             recovery={"resume_streams": True, "eject_after": 2, "probe_interval_s": 60.0},
+            # the resumed leg re-prefills on a CPU engine: on a loaded 2-core machine its first
+            # token has come more than the suite's 10 s after the last one
+            engine={"decode_read_timeout_s": 30.0},
         )
     )
     router = Narwhal(config, log_dir / "narwhal-resume.log").start()
     try:
         killer = kill_after_tokens(pair.consumer, KILL_AFTER, timeout=30)
-        stream = router.client().completions.create(
-            model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
-        )
-        choices = [chunk.choices[0] for chunk in stream if chunk.choices]
-        pieces = [choice.text for choice in choices]
+        text, extra = streamed(router.client(), endpoint, prompt)
         killer.join(timeout=30)
         # the token ids the router asked for are its own: the client did not ask for them
-        extra = {k for choice in choices for k in choice.model_extra or {}}
         assert not extra & {"token_ids", "prompt_token_ids"}, extra
         assert not pair.consumer.alive()  # killed mid-stream, and still the stream went on
-        assert "".join(pieces) == reference
+        assert text == reference
         metrics = router.metrics()
         resumed = metric_sum(metrics, "narwhal_stream_resumes_total", outcome="resumed")
         assert resumed == 1, metrics

@@ -89,7 +89,7 @@ def test_events_reach_the_index_and_predict_the_cached_tokens(
         return data
 
     async def scenario() -> tuple[int, dict]:
-        subscriber = KvEventSubscriber(config.engines, lambda: index)
+        subscriber = KvEventSubscriber(lambda: config.engines, lambda: index)
         async with anyio.create_task_group() as group:
             group.start_soon(subscriber.run)
             deadline = time.monotonic() + 10

@@ -145,12 +145,16 @@ def prompt_token_ids(body: dict[str, Any]) -> list[int] | None:
 
 
 def token_id_chain(hasher: VllmBlockHasher) -> Callable[[ClientRequest], list[BlockHash] | None]:
-    """The live router's block identity: a request's chain from the token ids it carries, its
-    ``cache_salt`` included; None for a request without token ids, or with a ``cache_salt``
-    that is not a string (module docstring: what is not reproducible)."""
+    """The live router's block identity: a request's chain from the token ids it carries (or,
+    for a text or chat prompt, those an engine's ``/tokenize`` gave:
+    :mod:`narwhal.core.routing.prompt_tokens`), its ``cache_salt`` included; None for a request
+    without token ids, or with a ``cache_salt`` that is not a string (module docstring: what is
+    not reproducible)."""
 
     def chain_of(request: ClientRequest) -> list[BlockHash] | None:
         ids = prompt_token_ids(request.body)
+        if ids is None:
+            ids = request.token_ids  # a text or chat prompt an engine tokenized for us
         if ids is None:
             return None
         salt = request.body.get("cache_salt")

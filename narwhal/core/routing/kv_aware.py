@@ -115,6 +115,7 @@ class KvAware(RoutingPolicy):
         if chain:
             self.prompt_blocks += len(chain)
             self.held_blocks += scored[pick][1]
+            self.index.placed_on_estimate(chosen)
             self.index.speculate(chosen, chain, now)
         return chosen
 

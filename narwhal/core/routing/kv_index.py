@@ -66,6 +66,8 @@ class _EngineBlocks:
     approximate: bool = False
     batches: int = 0
     block_size: int | None = None  # tokens per block, as its BlockStored events say
+    gaps: int = 0  # sequence gaps seen in its stream
+    on_estimate: int = 0  # placements on it while its stream had delivered nothing
 
 
 class KvIndex:
@@ -104,6 +106,7 @@ class KvIndex:
         engine = self._engine(url)
         if engine.last_seq is not None and seq != engine.last_seq + 1:
             self.gaps += 1
+            engine.gaps += 1
             self._drop(engine)
             engine.approximate = True
         engine.last_seq = seq
@@ -196,6 +199,17 @@ class KvIndex:
             del speculative[next(iter(speculative))]
             self.bounded_out += 1
 
+    def placed_on_estimate(self, url: str) -> bool:
+        """A prompt with a block chain was just placed on ``url``: whether that placement
+        rested on the estimate alone, the router's speculative entries (no batch of ``url``'s
+        applied since its stream started or last went down), counted per engine
+        (``/status``)."""
+        engine = self._engine(url)
+        estimated = engine.last_seq is None
+        if estimated:
+            engine.on_estimate += 1
+        return estimated
+
     # ---------------------------------------------------------------- reads
 
     def overlap(self, url: str, chain: Sequence[BlockHash], now: float) -> int:
@@ -219,6 +233,22 @@ class KvIndex:
         """Whether ``url``'s reported entries are not trusted now (a gap or a stream down)."""
         engine = self._engines.get(url)
         return engine is not None and engine.approximate
+
+    def last_seq(self, url: str) -> int | None:
+        """The sequence number of ``url``'s latest batch applied (None: none since its stream
+        (re)started)."""
+        engine = self._engines.get(url)
+        return None if engine is None else engine.last_seq
+
+    def engine_gaps(self, url: str) -> int:
+        """Sequence gaps seen in ``url``'s stream."""
+        engine = self._engines.get(url)
+        return 0 if engine is None else engine.gaps
+
+    def estimated_placements(self, url: str) -> int:
+        """Placements on ``url`` that rested on the estimate (:meth:`placed_on_estimate`)."""
+        engine = self._engines.get(url)
+        return 0 if engine is None else engine.on_estimate
 
     def block_size(self, url: str) -> int | None:
         """Tokens per block of ``url``, as its latest ``BlockStored`` said (None: none yet)."""

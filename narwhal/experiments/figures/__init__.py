@@ -17,6 +17,8 @@ this package only draws.
   value of another, the recommended setting and the shipped defaults marked.
 - ``routing``: routing policies across offered load (client TTFT p50/p90, TPOT, attainment,
   rejections, prefix-cache hit rate, goodput), the recommended policy and the default marked.
+- ``flow``: per workload class, SLO attainment, TTFT p90 and goodput against offered load with
+  intervals, flow control against plain admission.
 
 ``capacity_compare`` is not a recipe: run with ``python -m``, it draws two finished capacity
 sweeps' files over each other (an old engine model against a new one).
@@ -42,6 +44,7 @@ DRAWINGS = {
     "capacity": "narwhal.experiments.figures.capacity",
     "diffuse": "narwhal.experiments.figures.diffuse",
     "routing": "narwhal.experiments.figures.routing",
+    "flow": "narwhal.experiments.figures.flow",
 }
 
 

@@ -150,6 +150,7 @@ class SimEngine:
 
     def _on_wake(self, _event: simpy.Event) -> None:
         self._waking = False
+        self.scheduler.woke()
         self._next_step(self.env.now)
 
     def _next_step(self, now: float) -> None:
@@ -234,8 +235,9 @@ class SimEngine:
         if isinstance(params, dict) and params.get("do_remote_prefill"):
             seq.remote = params
             seq.need = 0
-        if seq.chat:
-            stream.write(self.env.now, seq.head.role_chunk())
+        if seq.chat:  # with return_token_ids, the prompt's ids ride on the role chunk
+            prompt = wire.prompt_ids(body, seq.prompt) if seq.ids is not None else None
+            stream.write(self.env.now, seq.head.role_chunk(prompt))
         self.scheduler.add(seq)
         return StreamOpened(stream, 200)
 

@@ -29,3 +29,4 @@ class EngineParams:
     kv_load_failure_policy: str = "fail"  # "fail" | "recompute" (vLLM's flag of that name)
     coalesce_reads: bool = True  # plain token chunks wait for the router's next wake-up
     prefix_caching: bool = True  # vLLM --enable-prefix-caching (on by default in vLLM V1)
+    async_scheduling: bool = False  # vLLM --async-scheduling: step N+1 planned while N runs

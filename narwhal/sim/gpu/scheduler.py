@@ -49,6 +49,7 @@ Theory of operation:
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -137,6 +138,10 @@ class Scheduler:
         self.longest: list[tuple[int, int, int, Seq]] = []
         self.tracks_longest = timing.reads_longest_context
         self.it = 0  # the next step's number
+        # async scheduling: what the step being planned can see (see ``apply``)
+        self.admit_before = math.inf  # only what was queued by then is admitted
+        self.held_seats = 0  # sequences that finished in the last step still hold their seats
+        self.planned_at = 0.0  # when the step now running was planned (it started)
         self.block_due: Due = {}
         self.out_due: Due = {}
 
@@ -155,6 +160,7 @@ class Scheduler:
 
     def add(self, seq: Seq) -> None:
         self.seqs[seq.id] = seq
+        seq.queued_at = self.env.now
         self.waiting.append(seq)
         self.wake()
 
@@ -191,6 +197,7 @@ class Scheduler:
         when there is nothing to run."""
         params = self.params
         preemptions = self.totals.preemptions
+        self.planned_at = now
         if step in self.block_due:
             self._grow_blocks(step, now)
         budget = params.max_num_batched_tokens - len(self.decoding)
@@ -216,7 +223,10 @@ class Scheduler:
             pairs += sum(take * (seq.prefilled + take / 2) for seq, take in chunks[i:])
         tokens = params.max_num_batched_tokens - budget  # decodes + prefill chunk tokens
         if tokens <= 0:
-            return None
+            if self.admit_before == math.inf:
+                return None
+            self.woke()  # nothing was in flight to plan behind: everything queued is seen
+            return self.plan(step, now)
         decodes = len(self.decoding)
         context = self.ctx_base + decodes * step
         longest = self._longest_context(step) if decodes > 1 and self.tracks_longest else 0
@@ -240,9 +250,11 @@ class Scheduler:
         served (their first chunk goes to ``chunks``). Returns the budget left."""
         params = self.params
         cap = params.max_num_seqs
-        running = len(self.decoding) + len(self.prefilling)  # pulls in flight do not count
+        running = len(self.decoding) + len(self.prefilling) + self.held_seats
+        # (pulls in flight do not count)
+        admit_before = self.admit_before
         pulled = self.pulled
-        while pulled and running < cap and budget > 0:
+        while pulled and running < cap and budget > 0 and pulled[0].queued_at <= admit_before:
             seq = pulled.popleft()
             if seq.state is PULLED:  # (else aborted meanwhile)
                 self._join_decode(seq, step)  # recomputes its last prompt token: one token
@@ -256,6 +268,8 @@ class Scheduler:
             if seq.state is FINISHED:
                 waiting.popleft()
                 continue
+            if seq.queued_at > admit_before:
+                break  # queued after this step was planned, under async scheduling
             remote = seq.remote is not None and seq.need == 0
             tokens = seq.prompt if remote else seq.need  # what it pulls or prefills
             # the longest cached prefix, short of the last token (its logits are needed)
@@ -300,6 +314,7 @@ class Scheduler:
     ) -> None:
         """Step ``step`` ended at ``now``: apply its chunks and its decodes' outputs (prefill
         replies to send go to ``replies``)."""
+        seats = len(self.decoding) + len(self.prefilling)
         for seq, take in chunks:
             if seq.state is not PREFILL:
                 continue
@@ -351,6 +366,17 @@ class Scheduler:
                 else:
                     bucket.extend(again)
         self.it = step + 1
+        if self.params.async_scheduling:
+            # vLLM plans step + 1 while this step runs: it sees what was queued when this step
+            # started, and the sequences this step finished still hold their seats
+            self.admit_before = self.planned_at
+            self.held_seats = max(0, seats - len(self.decoding) - len(self.prefilling))
+
+    def woke(self) -> None:
+        """The engine was idle: its next step is planned at once and sees everything queued
+        (an idle vLLM engine has no step in flight to plan behind)."""
+        self.admit_before = math.inf
+        self.held_seats = 0
 
     # ------------------------------------------------------------------ the decode batch
 
@@ -518,6 +544,7 @@ class Scheduler:
                 if seq.keys:  # vLLM caches a pulled prompt's blocks once they arrived
                     self.blocks.cache(seq, len(seq.blocks))
                 seq.state = PULLED  # it joins the batch at the next step with room for it
+                seq.queued_at = self.env.now
                 self.pulled.append(seq)
                 self.wake()
             elif self.params.kv_load_failure_policy == "recompute":

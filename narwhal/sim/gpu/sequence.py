@@ -138,6 +138,7 @@ class Seq:
         "out",
         "prefilled",
         "prompt",
+        "queued_at",
         "registered",
         "remote",
         "reply",
@@ -165,6 +166,7 @@ class Seq:
         self.registered = 0
         self.cached = 0
         self.resumed = False  # preempted once: vLLM's prefix-cache counters leave it out
+        self.queued_at = 0.0  # when it joined a queue the scheduler admits from (async rule)
         self.run = 0  # bumped whenever the sequence leaves the batch: stale bucket entries skip
         self.j = 0  # step at which it joined the decode batch
         self.c0 = 0  # its context at that step

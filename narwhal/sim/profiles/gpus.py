@@ -3,8 +3,9 @@
 Rule kept here: vLLM picks its batch defaults and sizes its KV cache from what the device
 reports (``torch.cuda.get_device_properties``: name, total memory), so a simulated GPU is those
 two readings, each with where it was read. Each also carries the all-reduce
-bandwidth and latency a tensor-parallel group of it gets (NCCL bus bandwidth): these are
-*estimates* from the interconnect's nameplate, stated as such, until a profile measures them.
+bandwidth and latency a tensor-parallel group of it gets (NCCL bus bandwidth): *estimates* from
+the interconnect's nameplate, stated as such, except where a public calibration against NCCL
+exists (the RTX PRO 6000's, from LLMServingSim), until a profile measures them.
 """
 
 from __future__ import annotations
@@ -54,9 +55,14 @@ GPUS = {
             "NVIDIA RTX PRO 6000 Blackwell Server Edition",
             round(95.5 * GIB),
             "95.5 GiB as torch reports the device in public run records (nameplate 96 GB)",
-            # PCIe 5.0 x16 (64 GB/s each way) with peer-to-peer, taken as 40% of the link
-            25.0,
-            20.0,
+            # LLMServingSim's figures for this machine's GPU link (link_bw 16 GB/s, link_latency
+            # 20 us per link in its bench/examples RTX PRO 6000 config.json), which its authors
+            # state calibrate its ring all-reduce against real NCCL on this PCIe 5.0 machine
+            # (serving/__main__.py, on the MoE all-gather size). A ring all-reduce over p ranks
+            # crosses 2(p - 1) links (the alpha-beta ring model), so one all-reduce over the two
+            # ranks its runs use pays two link latencies: 40 us
+            16.0,
+            2 * 20.0,
         ),
     )
 }

@@ -77,6 +77,7 @@ def run_fleet(run: RunLog, allreduce: bool = True) -> dict[str, Any]:
         "tensor_parallel": engine.tensor_parallel,
         "cuda_graphs": not engine.enforce_eager,
         "prefix_caching": engine.prefix_caching,
+        "async_scheduling": engine.async_scheduling,
         "tp_allreduce": allreduce,
         "step_overhead_ms": 0.0,
         "jitter": 0.0,

@@ -38,7 +38,7 @@ from typing import Any
 
 from narwhal.sim.profiles.gpus import GPUS
 from narwhal.sim.profiles.source import ProfileError
-from narwhal.sim.vllm_defaults import batch_defaults
+from narwhal.sim.vllm_defaults import async_scheduling_default, batch_defaults
 
 MEANS = "means.json"  # a run published as mean figures only, in place of requests.jsonl
 REQUEST_FIELDS = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
@@ -259,6 +259,22 @@ def _batch_limits(kwargs: dict[str, Any], gpu: str, where: Path) -> tuple[int, i
     return vllm.max_num_seqs, vllm.max_num_batched_tokens, absent
 
 
+def _async_scheduling(
+    meta: dict[str, Any], kwargs: dict[str, Any], scheduler: dict[str, Any], defaulted: list[str]
+) -> bool:
+    """As recorded (the resolved scheduler config, else the engine's arguments), else vLLM's
+    default for the run's version; a run that records neither is taken as synchronous (the
+    older behaviour: nothing says the engine planned ahead)."""
+    for recorded in (scheduler.get("async_scheduling"), kwargs.get("async_scheduling")):
+        if isinstance(recorded, bool):
+            return recorded
+    defaulted.append("async_scheduling")
+    default = async_scheduling_default(
+        str(meta.get("vllm_version", "")), int(kwargs.get("pipeline_parallel_size") or 1)
+    )
+    return bool(default)
+
+
 def _engine(meta: dict[str, Any], where: Path, gpu: str) -> EngineSetup:
     kwargs = meta.get("engine_kwargs")
     if not isinstance(kwargs, dict):
@@ -295,7 +311,7 @@ def _engine(meta: dict[str, Any], where: Path, gpu: str) -> EngineSetup:
         tensor_parallel=int(kwargs.get("tensor_parallel_size") or 1),
         enforce_eager=bool(pick(model_config.get("enforce_eager"), False, "enforce_eager")),
         capture_sizes=tuple(int(s) for s in sizes) if sizes else None,
-        async_scheduling=bool(pick(scheduler.get("async_scheduling"), True, "async_scheduling")),
+        async_scheduling=_async_scheduling(meta, kwargs, scheduler, defaulted),
         defaulted=tuple(defaulted),
     )
 
