@@ -12,6 +12,7 @@ reports each run, the median and the best.
     .venv/bin/python benchmarks/simulator/sim_speed.py [--requests N] [--stream-interval K] \
         [--profile]
     .venv/bin/python benchmarks/simulator/sim_speed.py --repeat 5  # 5 timed runs, median, best
+    .venv/bin/python benchmarks/simulator/sim_speed.py --window 10000  # CPU rate per 10k
     .venv/bin/python benchmarks/simulator/sim_speed.py --sweep [--requests N] [--repeat K]
 
 ``--stream-interval`` is the engines' tokens per streamed chunk (vLLM's ``--stream-interval``);
@@ -149,15 +150,24 @@ def machine_reference_us() -> float:
     return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
 
 
-def measure(scenario: Scenario, profile: bool = False) -> dict[str, Any]:
-    """One timed run (after a 50-request warm-up: the profile fit and the trace are cached)."""
+def measure(scenario: Scenario, profile: bool = False, window: int = 0) -> dict[str, Any]:
+    """One timed run (after a 50-request warm-up: the profile fit and the trace are cached);
+    with ``window``, the CPU time of every ``window`` finished requests is printed, so that a
+    run's later requests can be compared with its first ones within the same run."""
     warm = scenario.workload.model_copy(update={"max_requests": 50})
     run(scenario.model_copy(update={"workload": warm}))
     profiler = cProfile.Profile() if profile else None
+    marks: list[float] = []
+
+    def progress(finished: int, total: int) -> None:
+        if finished % window == 0:
+            marks.append(time.process_time())
+
     cpu0, wall0 = time.process_time(), time.perf_counter()
+    marks.append(cpu0)
     if profiler:
         profiler.enable()
-    result = run(scenario, log=DecisionLog(enabled=False))
+    result = run(scenario, log=DecisionLog(enabled=False), progress=progress if window else None)
     if profiler:
         profiler.disable()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
@@ -167,6 +177,14 @@ def measure(scenario: Scenario, profile: bool = False) -> dict[str, Any]:
     )
     if profiler:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    for k in range(1, len(marks)):
+        arrived = result.arrivals[(k - 1) * window : k * window]  # the same requests, roughly
+        print(
+            f"requests {(k - 1) * window:,}-{k * window:,} finished: "
+            f"{window / (marks[k] - marks[k - 1]):,.0f} per CPU second (arrivals there: mean "
+            f"prompt {sum(a.prompt for a in arrived) / len(arrived):,.0f}, output "
+            f"{sum(a.output for a in arrived) / len(arrived):,.0f} tokens)"
+        )
     return {
         "requests": n,
         "ok": sum(1 for r in result.records if r.status == 200),
@@ -318,6 +336,13 @@ def main() -> None:
     )
     parser.add_argument("--profile", action="store_true", help="cProfile, top 30 by own time")
     parser.add_argument(
+        "--window",
+        type=int,
+        default=0,
+        help="print the CPU rate of every N finished requests (a long run's later requests "
+        "against its first)",
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="timed runs (each reported; then median and best)"
     )
     parser.add_argument(
@@ -326,15 +351,15 @@ def main() -> None:
     parser.add_argument("--figure", type=Path, default=REPO / "docs" / "figures" / "sim-speed.png")
     args = parser.parse_args()
     gc.set_threshold(*GC_THRESHOLDS)
-    if args.repeat < 1:
-        parser.error("--repeat must be at least 1")
+    if args.repeat < 1 or args.window < 0:
+        parser.error("--repeat must be at least 1 and --window at least 0")
     if args.sweep:
         sweep(args.requests, args.rate_scale, args.figure, args.repeat)
         return
     scenario = scenario_for(args.requests, args.stream_interval, args.block_size, args.rate_scale)
     rates = []
     for _ in range(args.repeat):
-        row = measure(scenario, profile=args.profile)
+        row = measure(scenario, profile=args.profile, window=args.window)
         report(row, args.stream_interval, args.block_size)
         print(f"machine reference: sum(range(1000)) takes {machine_reference_us():.1f} us")
         rates.append(row["per_wall_s"])
