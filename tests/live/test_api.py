@@ -229,7 +229,7 @@ def test_livez_stays_up_while_health_reports_an_outage(
         recovery={"eject_after": 1},
     )
     assert HTTP.get(handle.url + "/livez").json() == {"status": "alive"}
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a bound, not a timing: the suite's busiest stage passed 10
     while HTTP.get(handle.url + "/health").status_code != 503:
         assert time.monotonic() < deadline, "the refused producer was never ejected"
         time.sleep(0.02)
