@@ -37,6 +37,7 @@ from narwhal.sim.profiles.tables import AdditiveAttention, AttentionGrid, Curve,
 
 FORMAT = "narwhal-op-profile/2"  # 2: skew_alpha per regime (decode, mixed)
 BUNDLED_DIR = ("data", "profiles")
+LLMSERVINGSIM_LICENCE = "MIT (LLMServingSim, Copyright (c) 2024 CASYS Lab at KAIST)"
 
 
 def _round(seconds: float) -> float:
@@ -61,7 +62,7 @@ def from_source(source: SourceProfile, origin: str) -> dict[str, Any]:
             tps[str(tp)]["attention_form"] = tables.attention_form
     provenance: dict[str, Any] = {
         "source": origin,
-        "licence": "MIT (LLMServingSim, Copyright (c) 2024 CASYS Lab at KAIST)",
+        "licence": str(meta.get("licence") or LLMSERVINGSIM_LICENCE),
         "vllm_version": str(meta.get("vllm_version", "")),
         "profiled_at": str(meta.get("profiled_at", "")),
         "enforce_eager": bool(engine.get("enforce_eager", False)),

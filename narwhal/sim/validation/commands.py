@@ -122,9 +122,11 @@ def _import(args: argparse.Namespace) -> int:
     print(f"{imported.model} on {imported.gpu_name}: tp {', '.join(map(str, imported.tables))}")
     for note in imported.notes:
         print(f"note: {note}")
-    print(f"{'tp':>3} {'table':<16}{'points':>7}{'mean |err|':>12}{'max |err|':>11}")
-    for tp, name, points, mean_err, max_err in store.residuals(profile):
-        print(f"{tp:>3} {name:<16}{points:>7}{100 * mean_err:>11.2f}%{100 * max_err:>10.1f}%")
+    rows = store.residuals(profile)
+    width = max([16, *(len(name) + 1 for _, name, *_ in rows)])
+    print(f"{'tp':>3} {'table':<{width}}{'points':>7}{'mean |err|':>12}{'max |err|':>11}")
+    for tp, name, points, mean_err, max_err in rows:
+        print(f"{tp:>3} {name:<{width}}{points:>7}{100 * mean_err:>11.2f}%{100 * max_err:>10.1f}%")
     print("(residuals: each measured point predicted by interpolating its two neighbours)")
     for tp, tables in sorted(profile["tp"].items(), key=lambda item: int(item[0])):
         alpha = tables["skew_alpha"]
