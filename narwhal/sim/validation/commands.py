@@ -43,19 +43,21 @@ def register(subparsers: Any) -> None:
     verbs = profile.add_subparsers(dest="verb", metavar="VERB")
     imp = verbs.add_parser(
         "import",
-        help="read an LLMServingSim profile and write Narwhal's",
+        help="read an LLMServingSim or Vidur profile and write Narwhal's",
         description=(
             "Read a per-operator profile in LLMServingSim's layout (meta.yaml, tp<N>/dense.csv, "
-            "attention.csv, per_sequence.csv) or its older per-layer one (tp<N>/layers.csv, "
-            "predictions/attn_{prefill,decode}_predictions.csv), print each table's "
-            "interpolation residuals and write Narwhal's profile (gzip'd JSON)."
+            "attention.csv, per_sequence.csv), its older per-layer one (tp<N>/layers.csv, "
+            "predictions/attn_{prefill,decode}_predictions.csv) or Vidur's (mlp.csv, "
+            "attention.csv), print each table's interpolation residuals and write Narwhal's "
+            "profile (gzip'd JSON)."
         ),
     )
     imp.add_argument(
         "profile_dir",
         type=Path,
-        help="profiler/perf/<GPU>/<org>/<model>/<dtype>/, or the older "
-        "profiler/v0/perf_models/<GPU>/<org>/<model>/",
+        help="profiler/perf/<GPU>/<org>/<model>/<dtype>/, the older "
+        "profiler/v0/perf_models/<GPU>/<org>/<model>/, or Vidur's "
+        "data/profiling/compute/<gpu>/<org>/<model>/",
     )
     imp.add_argument(
         "--model-config",
