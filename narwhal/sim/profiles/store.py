@@ -4,12 +4,13 @@ Rule kept here: a stored profile holds measurements and their provenance, never 
 constant: the token-wise operator curves, the LM head and sampler curves, the attention table
 (one grid over mixed steps, or prefill and decode apart: ``attention_form = "additive"``; from
 LLMServingSim's older layout it is that project's predictor's table over its measured times, as
-the provenance says), the model's shape and where every number came from (source, licence, vLLM
-version or profiler, when, what the import left out: ``notes``). What the
-step model does with them is :mod:`.opstep`'s. The bundled profiles are files of this format in
-``narwhal/sim/data/profiles/`` named ``<GPU>__<org>__<model>.json.gz``.
+the provenance says; from Vidur's, its measured prefill and decode kernels), the model's shape
+and where every number came from (source, licence, vLLM version or profiler, when, what the
+import left out or derived: ``notes``). What the step model does with them is :mod:`.opstep`'s.
+The bundled profiles are files of this format in ``narwhal/sim/data/profiles/`` named
+``<GPU>__<org>__<model>.json.gz``.
 
-Theory of operation: :func:`from_source` turns an imported LLMServingSim profile into the stored
+Theory of operation: :func:`from_source` turns an imported profile into the stored
 dictionary; :func:`write` / :func:`read` move it to and from gzip'd JSON (written without a
 timestamp, so the same input gives the same bytes); :func:`timing` builds the engine's
 :class:`~narwhal.sim.profiles.opstep.OperatorStepTiming` for one TP degree; :func:`residuals`
@@ -37,6 +38,7 @@ from narwhal.sim.profiles.tables import AdditiveAttention, AttentionGrid, Curve,
 
 FORMAT = "narwhal-op-profile/2"  # 2: skew_alpha per regime (decode, mixed)
 BUNDLED_DIR = ("data", "profiles")
+LLMSERVINGSIM_LICENCE = "MIT (LLMServingSim, Copyright (c) 2024 CASYS Lab at KAIST)"
 
 
 def _round(seconds: float) -> float:
@@ -61,7 +63,7 @@ def from_source(source: SourceProfile, origin: str) -> dict[str, Any]:
             tps[str(tp)]["attention_form"] = tables.attention_form
     provenance: dict[str, Any] = {
         "source": origin,
-        "licence": "MIT (LLMServingSim, Copyright (c) 2024 CASYS Lab at KAIST)",
+        "licence": str(meta.get("licence") or LLMSERVINGSIM_LICENCE),
         "vllm_version": str(meta.get("vllm_version", "")),
         "profiled_at": str(meta.get("profiled_at", "")),
         "enforce_eager": bool(engine.get("enforce_eager", False)),

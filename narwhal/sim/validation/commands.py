@@ -43,19 +43,21 @@ def register(subparsers: Any) -> None:
     verbs = profile.add_subparsers(dest="verb", metavar="VERB")
     imp = verbs.add_parser(
         "import",
-        help="read an LLMServingSim profile and write Narwhal's",
+        help="read an LLMServingSim or Vidur profile and write Narwhal's",
         description=(
             "Read a per-operator profile in LLMServingSim's layout (meta.yaml, tp<N>/dense.csv, "
-            "attention.csv, per_sequence.csv) or its older per-layer one (tp<N>/layers.csv, "
-            "predictions/attn_{prefill,decode}_predictions.csv), print each table's "
-            "interpolation residuals and write Narwhal's profile (gzip'd JSON)."
+            "attention.csv, per_sequence.csv), its older per-layer one (tp<N>/layers.csv, "
+            "predictions/attn_{prefill,decode}_predictions.csv) or Vidur's (mlp.csv, "
+            "attention.csv), print each table's interpolation residuals and write Narwhal's "
+            "profile (gzip'd JSON)."
         ),
     )
     imp.add_argument(
         "profile_dir",
         type=Path,
-        help="profiler/perf/<GPU>/<org>/<model>/<dtype>/, or the older "
-        "profiler/v0/perf_models/<GPU>/<org>/<model>/",
+        help="profiler/perf/<GPU>/<org>/<model>/<dtype>/, the older "
+        "profiler/v0/perf_models/<GPU>/<org>/<model>/, or Vidur's "
+        "data/profiling/compute/<gpu>/<org>/<model>/",
     )
     imp.add_argument(
         "--model-config",
@@ -122,9 +124,11 @@ def _import(args: argparse.Namespace) -> int:
     print(f"{imported.model} on {imported.gpu_name}: tp {', '.join(map(str, imported.tables))}")
     for note in imported.notes:
         print(f"note: {note}")
-    print(f"{'tp':>3} {'table':<16}{'points':>7}{'mean |err|':>12}{'max |err|':>11}")
-    for tp, name, points, mean_err, max_err in store.residuals(profile):
-        print(f"{tp:>3} {name:<16}{points:>7}{100 * mean_err:>11.2f}%{100 * max_err:>10.1f}%")
+    rows = store.residuals(profile)
+    width = max([16, *(len(name) + 1 for _, name, *_ in rows)])
+    print(f"{'tp':>3} {'table':<{width}}{'points':>7}{'mean |err|':>12}{'max |err|':>11}")
+    for tp, name, points, mean_err, max_err in rows:
+        print(f"{tp:>3} {name:<{width}}{points:>7}{100 * mean_err:>11.2f}%{100 * max_err:>10.1f}%")
     print("(residuals: each measured point predicted by interpolating its two neighbours)")
     for tp, tables in sorted(profile["tp"].items(), key=lambda item: int(item[0])):
         alpha = tables["skew_alpha"]
