@@ -85,6 +85,7 @@ COMPILED = [
     "narwhal/sim/gpu/wire.py",
     "narwhal/sim/kvnet.py",
     "narwhal/sim/runner.py",
+    "narwhal/sim/streaming.py",
     "narwhal/sim/tensor_parallel.py",
     "narwhal/sim/timing.py",
 ]

@@ -10,6 +10,7 @@ the whole run's wall and CPU rates. sim_speed.py measures the same scenario held
 from __future__ import annotations
 
 import argparse
+import gc
 import tempfile
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 from sim_speed import build, scenario_for
 
 from narwhal.core.records import DecisionLog
+from narwhal.sim.commands import GC_THRESHOLDS  # as `narwhal simulate` runs
 from narwhal.sim.runner import run
 
 
@@ -28,6 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.requests < 1 or args.window < 1:
         parser.error("--requests and --window must be at least 1")
+    gc.set_threshold(*GC_THRESHOLDS)
     scenario = scenario_for(args.requests, args.stream_interval, 16, 35.0)
     marks = [time.process_time()]
 
