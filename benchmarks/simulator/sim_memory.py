@@ -26,23 +26,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim_speed import FAULTS  # the same fault mix (this folder is on sys.path when run)
+# the same fault mix and router settings (this folder is on sys.path when run)
+from sim_speed import FAULTS, ROUTER
 
 REPO = Path(__file__).resolve().parents[2]
 
 SCENARIO = (
     """
 name = "sim-memory"
-[engine]
-first_token_timeout_s = 5.0
-decode_read_timeout_s = 5.0
-request_timeout_s = 120.0
-max_handoff_age_s = 10.0
-[recovery]
-eject_after = 3
-max_attempts = 2
-probe_interval_s = 5.0
-[fleet]
+"""
+    + ROUTER
+    + """[fleet]
 prefill = 16
 decode = 16
 model = "llama3-8b"

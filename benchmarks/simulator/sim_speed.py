@@ -92,9 +92,7 @@ duration_s = 20.0
 probability = 0.1
 """  # crashes, hangs, slow engines, stalls, in-band errors at compressed rates
 
-SCENARIO = (
-    """
-name = "sim-speed"
+ROUTER = """
 [engine]
 first_token_timeout_s = 5.0
 decode_read_timeout_s = 5.0
@@ -104,7 +102,14 @@ max_handoff_age_s = 10.0
 eject_after = 3
 max_attempts = 2
 probe_interval_s = 5.0
-[fleet]
+"""  # the router's timeouts and recovery, shared with sim_memory.py
+
+SCENARIO = (
+    """
+name = "sim-speed"
+"""
+    + ROUTER
+    + """[fleet]
 prefill = 8
 decode = 8
 model = "llama3-8b"

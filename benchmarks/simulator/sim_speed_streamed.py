@@ -1,5 +1,5 @@
 """Simulator speed as `narwhal simulate` runs: records streamed to disk, nothing of a finished
-request kept, on sim_speed.py's scenario (16+16 engines, faults, Azure trace at 35x).
+request kept, on sim_speed.py's scenario (8+8 engines, faults, Azure trace at 35x).
 
     .venv-compiled/bin/python benchmarks/simulator/sim_speed_streamed.py --requests 1000000
 
