@@ -368,7 +368,9 @@ class DecodeLeg:
             # simulated engine at one token per chunk writes the same bytes for every chunk.
             repeat: bytes | None = None
             same: list[SseEvent] = []
-            for at, data in result.reads:
+            times = result.times
+            for i, data in enumerate(result.chunks):
+                at = times[i]
                 if at >= self.deadline:
                     self.fault = self._timeout()
                     break

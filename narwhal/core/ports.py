@@ -78,7 +78,8 @@ class Chunk:
 
 
 class Burst:
-    """Several reads handed over at once, oldest first, each as ``(arrival time, bytes)``.
+    """Several reads handed over at once, oldest first: their arrival times and their bytes,
+    side by side (``times[i]`` is when ``chunks[i]`` arrived).
 
     The core treats a burst exactly as the same reads one at a time (a read stamped at or after
     the deadline then in force is a timeout). So a driver may hold a read back, stamped with when
@@ -89,10 +90,13 @@ class Burst:
     not depend on how the reads were grouped.
     """
 
-    __slots__ = ("reads",)
+    __slots__ = ("chunks", "times")
 
-    def __init__(self, reads: tuple[tuple[float, bytes], ...]) -> None:
-        self.reads: Final = reads
+    def __init__(self, times: list[float], chunks: list[bytes]) -> None:
+        if len(times) != len(chunks):
+            raise ValueError(f"{len(times)} arrival times for {len(chunks)} reads")
+        self.times: Final = times
+        self.chunks: Final = chunks
 
 
 class StreamEnd:

@@ -46,6 +46,11 @@ HEAD, TAIL = TOKEN[:20], TOKEN[20:]
 P, C = "http://p", "http://c"
 
 
+def burst(*reads: tuple[float, bytes]) -> Burst:
+    """A burst of ``(arrival time, bytes)`` reads."""
+    return Burst([at for at, _ in reads], [data for _, data in reads])
+
+
 def reader(first_token_at: float = 1.0, silence: float = 0.5, deadline: float = 10.0) -> DecodeLeg:
     """A decode leg created at time 0 (only its sans-IO ``read`` is used)."""
     clock = VirtualClock(start=0.0)
@@ -111,7 +116,7 @@ def test_zero_read_timeout_means_the_request_deadline() -> None:
 
 def test_burst_reads_carry_their_own_arrival_times() -> None:
     r = reader()
-    events = r.read(Burst(((0.2, META), (0.4, TOKEN), (0.7, TOKEN))), 0.95)
+    events = r.read(burst((0.2, META), (0.4, TOKEN), (0.7, TOKEN)), 0.95)
     assert [(at, e.kind) for at, e in events] == [
         (0.2, EventKind.METADATA),
         (0.4, EventKind.TOKEN),
@@ -122,17 +127,17 @@ def test_burst_reads_carry_their_own_arrival_times() -> None:
 
 def test_burst_read_at_or_after_the_deadline_is_a_timeout_after_the_earlier_events() -> None:
     r = reader()
-    events = r.read(Burst(((0.3, TOKEN), (0.8, TOKEN), (0.9, TOKEN))), 0.9)
+    events = r.read(burst((0.3, TOKEN), (0.8, TOKEN), (0.9, TOKEN)), 0.9)
     assert [at for at, _ in events] == [0.3]  # 0.8 is exactly the silence deadline (0.3 + 0.5)
     assert r.fault is not None and r.fault.kind is FaultKind.SILENCE
     late = reader()
-    assert late.read(Burst(((1.0, TOKEN),)), 1.0) == []
+    assert late.read(burst((1.0, TOKEN)), 1.0) == []
     assert late.fault is not None and late.fault.kind is FaultKind.FIRST_TOKEN_TIMEOUT
 
 
 def test_in_band_error_after_tokens_keeps_the_tokens_and_stops_reading() -> None:
     r = reader()
-    events = r.read(Burst(((0.1, TOKEN), (0.2, ERROR), (0.3, TOKEN))), 0.3)
+    events = r.read(burst((0.1, TOKEN), (0.2, ERROR), (0.3, TOKEN)), 0.3)
     assert [e.kind for _, e in events] == [EventKind.TOKEN]
     assert r.fault is not None and r.fault.kind is FaultKind.INBAND_ERROR
     assert r.fault.status == 503
@@ -189,7 +194,7 @@ def _held_back(
         if not batch:
             r.read(TimedOut(), deadline)
             break
-        out += [(t, e.data) for t, e in r.read(Burst(tuple(batch)), wake)]
+        out += [(t, e.data) for t, e in r.read(burst(*batch), wake)]
         i += len(batch)
         if r.fault is not None or r.done:
             break
@@ -218,7 +223,7 @@ def test_any_grouping_into_bursts_reads_like_one_read_at_a_time(
 def test_a_repeated_read_means_what_it_meant_the_first_time_and_a_split_one_is_parsed() -> None:
     r = reader()
     first = r.read(Chunk(TOKEN), 0.1)
-    again = r.read(Burst(((0.2, TOKEN), (0.3, TOKEN))), 0.3)
+    again = r.read(burst((0.2, TOKEN), (0.3, TOKEN)), 0.3)
     assert [e for _, e in again] == [first[0][1]] * 2 and r.deadline == 0.8
     half = len(TOKEN) // 2  # a read that is half an event is not taken for a repeat
     assert r.read(Chunk(TOKEN[:half]), 0.4) == []
@@ -231,10 +236,10 @@ def test_a_repeated_read_means_what_it_meant_the_first_time_and_a_split_one_is_p
     # in one burst: a read that ended an event begun before it is no repeatable read (alone,
     # the same bytes are a line of another field and a blank line: no event)
     cut = reader()
-    events = cut.read(Burst(((0.1, TOKEN), (0.2, HEAD), (0.3, TAIL), (0.4, TAIL))), 0.4)
+    events = cut.read(burst((0.1, TOKEN), (0.2, HEAD), (0.3, TAIL), (0.4, TAIL)), 0.4)
     assert [at for at, _ in events] == [0.1, 0.3] and cut.fault is None
     again = reader()  # a read of whole events, repeated: the same events each time
-    events = again.read(Burst(((0.1, META), (0.2, TOKEN + META), (0.3, TOKEN + META))), 0.3)
+    events = again.read(burst((0.1, META), (0.2, TOKEN + META), (0.3, TOKEN + META)), 0.3)
     assert [e.kind for _, e in events] == [EventKind.METADATA] + [
         EventKind.TOKEN,
         EventKind.METADATA,

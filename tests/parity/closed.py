@@ -89,7 +89,7 @@ async def _read(
     while True:
         result = await transport.next_chunk(opened.handle, env.now + 1e6)
         assert isinstance(result, Burst), result
-        for _at, data in result.reads:
+        for data in result.chunks:
             for event in parser.feed(data):
                 if event.kind is EventKind.TOKEN:
                     outputs[i] += len(event.payload["choices"][0]["text"])  # type: ignore[index]

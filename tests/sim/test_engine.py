@@ -53,8 +53,8 @@ def read_stream(
         while True:
             result = await transport.next_chunk(opened.handle, env.now + 99)
             assert isinstance(result, Burst), result  # reads stamped with their arrival times
-            assert all(at <= env.now for at, _ in result.reads)
-            for at, data in result.reads:
+            assert all(at <= env.now for at in result.times)
+            for at, data in zip(result.times, result.chunks, strict=True):
                 for event in parser.feed(data):
                     if event.kind is EventKind.TOKEN:
                         tokens += len(event.payload["choices"][0]["text"])  # type: ignore[index]
@@ -234,7 +234,7 @@ def test_a_handoff_past_its_lease_cannot_be_pulled_even_from_an_idle_producer(
             result = await transport.next_chunk(opened.handle, env.now + 9)
             if not isinstance(result, Burst):
                 return
-            got.extend(data for _, data in result.reads)
+            got.extend(result.chunks)
 
     start(env, handoff_then_decode())
     env.run(until=5.0)

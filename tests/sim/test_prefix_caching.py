@@ -140,7 +140,7 @@ def stream_ids(fleet: Fleet, params: dict[str, Any], tokens: int) -> tuple[list[
             if isinstance(chunk, Chunk):
                 raw.append(chunk.data)
             elif isinstance(chunk, Burst):
-                raw.extend(data for _at, data in chunk.reads)
+                raw.extend(chunk.chunks)
             else:
                 assert isinstance(chunk, StreamEnd)
                 return

@@ -107,10 +107,9 @@ class SimStream:
 def take_chunk(stream: SimStream) -> ChunkResult | None:
     """What a read of ``stream`` returns now, or None when the router must wait."""
     if stream.chunks:
-        reads = tuple(zip(stream.times, stream.chunks, strict=True))
-        stream.times.clear()
-        stream.chunks.clear()
-        return Burst(reads)
+        burst = Burst(stream.times, stream.chunks)  # handed over whole, not copied
+        stream.times, stream.chunks = [], []
+        return burst
     if stream.ended is None:
         return None
     return ConnectFailed("reset") if stream.ended is RESET else StreamEnd()
