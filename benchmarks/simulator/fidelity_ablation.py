@@ -15,9 +15,11 @@ shape holds, not only the mean):
   split by regime: nearly all of them are mixed);
 - no all-reduce: a TP > 1 engine without its all-reduces;
 - for a run published as means only (its engine settings not recorded, vLLM's defaults taken):
-  2048 batched tokens and no prefix cache, the settings LLMServingSim simulated it with.
-A means-only run has no end-to-end figure and no KS p-value (blank). The docs/simulator.md
-Fidelity tables are this script's output.
+  2048 batched tokens and no prefix cache, the settings LLMServingSim simulated it with; and
+  every profiled time x 0.9 and x 1.1: how strongly its published figures answer to the step
+  time (a sensitivity, never a correction).
+A means-only run has only the figures it published (its output throughput as tok/s) and no KS
+p-value (blank). The docs/simulator.md Fidelity tables are this script's output.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import dataclasses
 from pathlib import Path
 from statistics import mean
 
-from narwhal.sim.validation.compare import compare
+from narwhal.sim.validation.compare import compare, sim_throughput
 from narwhal.sim.validation.replay import replay
 from narwhal.sim.validation.runlog import RunLog, read_run
 from narwhal.sim.validation.validate import load_profile
@@ -35,7 +37,8 @@ from narwhal.sim.validation.validate import load_profile
 RUNS = Path(__file__).resolve().parents[2] / "tests" / "data" / "runs"
 
 
-Figures = tuple[float, float, float | None, float | None]  # mean errors (%), TPOT KS p
+Figures = dict[str, float]  # mean errors (%) of the metrics the run has, and "ks_p" (TPOT)
+COLUMNS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "latency_ms": "E2E", "throughput_tok_s": "tok/s"}
 
 
 def errors(run: RunLog, profile: dict, allreduce: bool = True) -> Figures:
@@ -46,35 +49,47 @@ def errors(run: RunLog, profile: dict, allreduce: bool = True) -> Figures:
         "tpot_ms": 1e3 * mean(tpot_sim),
         "latency_ms": 1e3 * mean(t.latency_s for t in timed),
     }
-    ks_p = None
+    out: Figures = {}
     if run.means is not None:
         real = dict(run.means.real)
+        sim["throughput_tok_s"] = sim_throughput(
+            [r.arrival_s for r in run.requests],
+            [t.latency_s for t in timed],
+            [t.output for t in timed],
+        )
     else:
         tpot_real = [r.tpot_s for r in run.requests if r.tpot_s is not None]
-        ks_p = compare(tpot_real, tpot_sim)["ks_p"]
+        out["ks_p"] = compare(tpot_real, tpot_sim)["ks_p"]
         real = {
             "ttft_ms": 1e3 * mean(r.ttft_s for r in run.requests if r.ttft_s is not None),
             "tpot_ms": 1e3 * mean(r.tpot_s for r in run.requests if r.tpot_s is not None),
             "latency_ms": 1e3 * mean(r.latency_s for r in run.requests if r.latency_s is not None),
         }
-
-    def err(metric: str) -> float | None:
-        return 100.0 * (sim[metric] / real[metric] - 1.0) if metric in real else None
-
-    ttft, tpot = err("ttft_ms"), err("tpot_ms")
-    assert ttft is not None and tpot is not None
-    return ttft, tpot, err("latency_ms"), ks_p
+    for metric, value in real.items():
+        out[metric] = 100.0 * (sim[metric] / value - 1.0)
+    return out
 
 
 def line(name: str, label: str, figures: Figures) -> str:
-    ttft, tpot, e2e, ks_p = figures
-    tail = f"{e2e:>+7.1f}%" if e2e is not None else f"{'':>8}"
-    tail += f"{ks_p:>11.2g}" if ks_p is not None else ""
-    return f"{name:<28}{label:<30}{ttft:>+7.1f}%{tpot:>+7.1f}%{tail}"
+    cells = "".join(f"{figures[m]:>+7.1f}%" if m in figures else f"{'':>8}" for m in COLUMNS)
+    tail = f"{figures['ks_p']:>11.2g}" if "ks_p" in figures else ""
+    return f"{name:<28}{label:<30}{cells}{tail}"
+
+
+def scaled(profile: dict, factor: float) -> dict:
+    """The profile with every measured time times ``factor`` (a sensitivity, not a model)."""
+    out = copy.deepcopy(profile)
+    for tables in out["tp"].values():
+        for kind in ("dense", "per_sequence"):
+            for name, points in tables[kind].items():
+                tables[kind][name] = [[size, t * factor] for size, t in points]
+        tables["attention"] = [[*row[:4], row[4] * factor] for row in tables["attention"]]
+    return out
 
 
 def main() -> None:
-    print(f"{'run':<28}{'variant':<30}{'TTFT':>8}{'TPOT':>8}{'E2E':>8}{'TPOT KS p':>11}")
+    heads = "".join(f"{label:>8}" for label in COLUMNS.values())
+    print(f"{'run':<28}{'variant':<30}{heads}{'TPOT KS p':>11}")
     for run_dir in sorted(p.parent for p in RUNS.glob("*/*/vllm")):
         run = read_run(run_dir)
         profile = load_profile(None, run)
@@ -105,6 +120,10 @@ def main() -> None:
             print(line(name, "one skew alpha", errors(run, one_alpha)))
         if run.engine.tensor_parallel > 1:
             print(line(name, "no all-reduce", errors(run, profile, allreduce=False)))
+        if run.means is not None:
+            for factor in (0.9, 1.1):
+                label = f"profiled times x {factor:g}"
+                print(line(name, label, errors(run, scaled(profile, factor))))
 
 
 if __name__ == "__main__":

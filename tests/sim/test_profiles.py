@@ -146,7 +146,8 @@ def test_bundled_profiles_carry_provenance_and_licence():
         # what measured it: a vLLM version, or the profiler named (LLMServingSim's older one)
         assert profile["provenance"]["vllm_version"] or profile["provenance"]["profiler"]
     with pytest.raises(
-        source.ProfileError, match=r"bundled: H100 meta-llama/Llama-3\.1-70B, RTX4090"
+        source.ProfileError,
+        match=r"bundled: A6000 meta-llama/Llama-3\.1-8B, H100 meta-llama/Llama-3\.1-70B, RTX4090",
     ):
         store.bundled("RTX4090", "org/unknown")
 

@@ -144,6 +144,52 @@ def test_the_h100_runs_published_as_means_stay_within_their_measured_error(name:
     assert "LLMServingSim 2.0" in done.result["anchors"]
 
 
+A6000 = RUNS / "A6000"
+A6000_RUNS = ("Llama-3.1-8B-SD+PC", "Llama-3.1-8B-MD", "Llama-3.1-8B-PDD")
+
+
+@pytest.mark.parametrize("name", A6000_RUNS)
+def test_the_a6000_runs_published_as_throughput_stay_within_the_goal(name: str) -> None:
+    """Accuracy regression (deterministic replay) on LLMServingSim's ISPASS'26 RTX A6000 runs (one
+    engine, two, one prefill + one decode): output throughput within 5% of the real series'
+    estimate, and the bracket the series allows carried through. Figures: docs/simulator.md."""
+    done = validate(A6000 / name)
+    assert done.run.gpu == "A6000" and done.run.engine.tensor_parallel == 1
+    entry = done.result["throughput_tok_s"]
+    assert abs(entry["error_pct"]["mean"]) < 5, entry
+    real, sim, error = entry["real"], entry["sim"]["mean"], entry["error_pct"]
+    assert real["low"] < real["mean"] < real["high"]
+    assert error["low"] == pytest.approx(100 * (sim / real["low"] - 1))
+    assert error["high"] == pytest.approx(100 * (sim / real["high"] - 1))
+    assert set(done.unpublished) == {"ttft_ms", "tpot_ms", "latency_ms"}
+    assert "LLMServingSim 2.0" in done.result["anchors"]
+
+
+def test_a_bracket_of_a_real_figure_is_checked_against_it(tmp_path, capsys):
+    run = tmp_path / "A6000" / "run"
+    shutil.copytree(A6000 / "Llama-3.1-8B-MD", run, symlinks=False)
+    assert main(["validate", "--run", str(run), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "output tok/s: real bracketed 1698.5 .. 1733.9" in printed
+    assert "simulated, not published: TTFT mean (ms)" in printed
+    written = json.loads((tmp_path / "out" / "validation.json").read_text())
+    assert set(written) == {"throughput_tok_s", "anchors"}
+    assert set(written["throughput_tok_s"]["real"]) == {"mean", "low", "high"}
+    means_path = run / "vllm" / "means.json"
+    means = json.loads(means_path.read_text())
+    for bad, message in (
+        ({"throughput_tok_s": [1800.0, 1900.0]}, r"not \[low, high\] of positive numbers around"),
+        ({"throughput_tok_s": [1700.0]}, r"not \[low, high\]"),
+        ({"ttft_ms": [1.0, 2.0]}, "real_range: ttft_ms is not one of real's figures"),
+    ):
+        means_path.write_text(json.dumps({**means, "real_range": bad}))
+        with pytest.raises(ProfileError, match=message):
+            read_run(run)
+    means_path.write_text(json.dumps({**means, "real_bracket": {}}))
+    with pytest.raises(ProfileError, match="unknown real_bracket"):
+        read_run(run)
+
+
 def test_a_means_only_run_needs_its_dataset_and_known_figures(tmp_path, capsys):
     run = tmp_path / "H100" / "run"
     shutil.copytree(H100 / "Llama-3.1-70B-SD", run, symlinks=False)
@@ -196,11 +242,11 @@ def test_engines_run_past_their_profile_say_so():
 
 
 def test_unknown_gpu_or_model_lists_what_exists():
-    with pytest.raises(ScenarioError, match="known: H100, H200, RTX4090, RTXPRO6000"):
+    with pytest.raises(ScenarioError, match="known: A6000, H100, H200, RTX4090, RTXPRO6000"):
         parse_scenario({"fleet": {"gpu": "B200", "prefill": 1, "decode": 1}})
     with pytest.raises(
         ScenarioError,
-        match=r"bundled: H100 meta-llama/Llama-3\.1-70B, RTX4090 meta-llama/Llama-3\.1-8B",
+        match=r"bundled: A6000 meta-llama/Llama-3\.1-8B, H100 meta-llama/Llama-3\.1-70B, RTX4090",
     ):
         parse_scenario({"fleet": {"gpu": "RTX4090", "model": "x/y", "both": 1}})
 
@@ -239,6 +285,15 @@ def test_the_h100_is_selectable_with_vllms_defaults_for_its_class():
     budget = fleet.kv_budget()  # one rank of 4: 80 layers x 2 KV heads x 128 x 2 x bf16 a token
     assert budget.bytes_per_block == 16 * 80 * 2 * 128 * 2 * 2
     assert 0 < budget.num_blocks * 16 < 80e9 / (80 * 2 * 128 * 2 * 2)
+
+
+def test_the_a6000_is_selectable_with_vllms_defaults_for_its_class():
+    fleet = FleetSettings(gpu="A6000", model="meta-llama/Llama-3.1-8B", both=1)
+    batch = fleet.batch()  # 47.54 GiB: under vLLM's 70 GiB tier, vllm serve
+    assert (batch.max_num_seqs, batch.max_num_batched_tokens) == (256, 2048)
+    budget = fleet.kv_budget()  # 32 layers x 8 KV heads x 128 x 2 (K, V) x bf16 a token
+    assert budget.bytes_per_block == 16 * 32 * 8 * 128 * 2 * 2
+    assert 0 < budget.num_blocks * budget.bytes_per_block < 0.92 * 47.54 * 2**30 - 16e9
 
 
 def test_a_run_recording_its_capture_sizes_is_replayed_with_them(tmp_path):

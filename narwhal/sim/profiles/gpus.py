@@ -41,6 +41,18 @@ GPUS = {
             8.0,
         ),
         Gpu(
+            "A6000",
+            "NVIDIA RTX A6000",
+            round(47.54 * GIB),
+            "47.54 GiB, the total_gpu_memory vLLM's memory profiling logs for an RTX A6000 (48 GB) "
+            "in a public report (vllm-project/vllm#10360); torch names the device NVIDIA RTX A6000 "
+            "(vllm-project/vllm#10451's collect_env)",
+            # NVLink bridge between a pair: 112.5 GB/s both ways, 56.25 each way (LLMServingSim's
+            # A6000 configs give link_bw 112); NCCL taken to reach about 80% as bus bandwidth
+            45.0,
+            10.0,
+        ),
+        Gpu(
             "RTX4090",
             "NVIDIA GeForce RTX 4090",
             25_250_627_584,

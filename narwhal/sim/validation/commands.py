@@ -78,7 +78,13 @@ def register(subparsers: Any) -> None:
 
 def _validate(args: argparse.Namespace) -> int:
     from narwhal.sim.profiles.source import ProfileError
-    from narwhal.sim.validation.report import means_table, table, write_cdfs, write_json
+    from narwhal.sim.validation.report import (
+        means_table,
+        table,
+        unpublished_line,
+        write_cdfs,
+        write_json,
+    )
     from narwhal.sim.validation.validate import validate
 
     try:
@@ -97,6 +103,8 @@ def _validate(args: argparse.Namespace) -> int:
     if run.means is not None:
         print(f"published as means only: {run.means.source}")
         print(means_table(done.result))
+        if done.unpublished:
+            print("simulated, not published: " + unpublished_line(done.unpublished))
     else:
         print(table(done.result))
     if args.out is not None:

@@ -61,21 +61,39 @@ def sim_throughput(arrivals_s: list[float], latencies_s: list[float], outputs: l
     return sum(outputs) / span
 
 
+def _error_pct(sim: float, real: float) -> float:
+    return 100.0 * (sim - real) / real
+
+
 def compare_means(
-    real: dict[str, float], sim: dict[str, float], anchors: dict[str, dict[str, float]]
+    real: dict[str, float],
+    sim: dict[str, float],
+    anchors: dict[str, dict[str, float]],
+    ranges: dict[str, tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
     """A means-only run's ``validation.json``: per metric the real figure, the simulated one and
-    the error; per anchor (another simulator's published figure) its figure and error."""
+    the error; per anchor (another simulator's published figure) its figure and error. A real
+    figure the source only brackets (``ranges``) also has its bracket, ``real.low`` and
+    ``real.high``, and the error against each end (``error_pct.low`` against the low end: the
+    largest error the bracket allows; ``error_pct.high`` against the high end: the smallest)."""
+    ranges = ranges or {}
     out: dict[str, Any] = {}
     for metric, value in real.items():
-        out[metric] = {
+        entry: dict[str, Any] = {
             "real": {"mean": value},
             "sim": {"mean": sim[metric]},
-            "error_pct": {"mean": 100.0 * (sim[metric] - value) / value},
+            "error_pct": {"mean": _error_pct(sim[metric], value)},
         }
+        if metric in ranges:
+            low, high = ranges[metric]
+            entry["real"].update(low=low, high=high)
+            entry["error_pct"].update(
+                low=_error_pct(sim[metric], low), high=_error_pct(sim[metric], high)
+            )
+        out[metric] = entry
     out["anchors"] = {
         name: {
-            metric: {"mean": figure, "error_pct": 100.0 * (figure - real[metric]) / real[metric]}
+            metric: {"mean": figure, "error_pct": _error_pct(figure, real[metric])}
             for metric, figure in figures.items()
             if metric in real
         }

@@ -4,8 +4,9 @@ Rule kept here: ``validation.json`` has exactly the keys ``narwhal validate`` do
 (``ttft_ms``, ``tpot_ms``, ``latency_ms``, each with ``real``, ``sim``, ``error_pct``, ``ks_d``,
 ``ks_p``, ``tost_p``); the CSV holds every point the PNG draws, so a figure can be checked
 without the picture. A run published as means only has, per metric it published, ``real``,
-``sim`` and ``error_pct`` of the mean alone, plus ``anchors`` (other simulators' figures and
-their errors), and no CDFs.
+``sim`` and ``error_pct`` of the mean alone (with ``low`` and ``high`` where the source only
+brackets the real figure), plus ``anchors`` (other simulators' figures and their errors), and no
+CDFs.
 """
 
 from __future__ import annotations
@@ -91,7 +92,20 @@ def means_table(result: dict[str, Any]) -> str:
                 cell = "-"
             line += f"{cell:>26}"
         lines.append(line)
+    for metric, label in MEAN_LABELS.items():
+        entry = result.get(metric)
+        if entry is not None and "low" in entry["real"]:
+            real, error = entry["real"], entry["error_pct"]
+            lines.append(
+                f"{label}: real bracketed {real['low']:.1f} .. {real['high']:.1f}, "
+                f"sim error {error['high']:+.1f}% .. {error['low']:+.1f}% across it"
+            )
     return "\n".join(lines)
+
+
+def unpublished_line(means: dict[str, float]) -> str:
+    """The simulated means a means-only run did not publish, in one line."""
+    return ", ".join(f"{MEAN_LABELS[k]} {v:,.1f}" for k, v in means.items() if k in MEAN_LABELS)
 
 
 def table(result: dict[str, Any]) -> str:

@@ -19,7 +19,9 @@ vLLM's did; without it every prompt is unique (no prefix hits), and the replay s
 A run published only as mean figures (a paper's artifact) has ``means.json`` in place of
 ``requests.jsonl``: ``{"source": where the figures are published, "num_requests": N, "real":
 {metric: mean}, "anchors": {simulator: {metric: mean}}}`` with metrics ``ttft_ms``, ``tpot_ms``,
-``latency_ms`` and ``throughput_tok_s`` (output tokens per second of the whole run); its requests
+``latency_ms`` and ``throughput_tok_s`` (output tokens per second of the whole run), and
+optionally ``"real_range": {metric: [low, high]}`` for a figure the source only brackets (read
+off a binned series: the mean is the bracket's best estimate, inside it); its requests
 (arrivals, lengths, prompts) are its dataset's rows, which it must have, and their times are not
 recorded (``ttft_s`` None), so it is compared on means alone. A batch limit the run does not
 record (``max_num_seqs``, ``max_num_batched_tokens``) is vLLM's default for its GPU.
@@ -117,6 +119,8 @@ class RunMeans:
     source: str
     real: dict[str, float]  # of MEAN_METRICS
     anchors: dict[str, dict[str, float]]  # simulator -> its figures (of MEAN_METRICS)
+    # metric -> (low, high): where the source only brackets the real figure
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,28 @@ def _figures(value: Any, where: str) -> dict[str, float]:
     return {k: float(v) for k, v in value.items()}
 
 
+def _ranges(value: Any, real: dict[str, float], where: str) -> dict[str, tuple[float, float]]:
+    """``real_range``: per metric of ``real``, ``[low, high]`` with low <= the figure <= high."""
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: not an object of [low, high] pairs")
+    out: dict[str, tuple[float, float]] = {}
+    for metric, pair in value.items():
+        if metric not in real:
+            raise ProfileError(f"{where}: {metric} is not one of real's figures")
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not all(isinstance(v, int | float) and v > 0 for v in pair)
+            or not pair[0] <= real[metric] <= pair[1]
+        ):
+            raise ProfileError(
+                f"{where}: {metric} is not [low, high] of positive numbers around "
+                f"real's {real[metric]:g}"
+            )
+        out[str(metric)] = (float(pair[0]), float(pair[1]))
+    return out
+
+
 def read_means(path: Path) -> tuple[RunMeans, int]:
     """A means-only run's figures and its request count (see the module docstring)."""
     try:
@@ -169,10 +195,15 @@ def read_means(path: Path) -> tuple[RunMeans, int]:
     anchors = raw.get("anchors") or {}
     if not isinstance(anchors, dict):
         raise ProfileError(f"{path}: anchors is not an object")
+    unknown = sorted(set(raw) - {"source", "num_requests", "real", "real_range", "anchors"})
+    if unknown:
+        raise ProfileError(f"{path}: unknown {', '.join(unknown)}")
+    real = _figures(raw["real"], f"{path}: real")
     means = RunMeans(
         source=str(raw["source"]),
-        real=_figures(raw["real"], f"{path}: real"),
+        real=real,
         anchors={str(k): _figures(v, f"{path}: anchors.{k}") for k, v in anchors.items()},
+        ranges=_ranges(raw.get("real_range", {}), real, f"{path}: real_range"),
     )
     return means, int(raw["num_requests"])
 

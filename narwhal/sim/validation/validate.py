@@ -8,7 +8,7 @@ on means where the run published only means.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -38,6 +38,8 @@ class Validation:
     result: dict[str, Any]  # validation.json
     # metric -> (real, sim) in seconds; empty for a means-only run (no real distribution)
     samples: dict[str, tuple[list[float], list[float]]]
+    # a means-only run: the simulated means of what it did not publish (printed, for the record)
+    unpublished: dict[str, float] = field(default_factory=dict)
 
 
 def validate(run_dir: Path, profile_path: Path | None = None, seed: int = 0) -> Validation:
@@ -68,7 +70,8 @@ def validate(run_dir: Path, profile_path: Path | None = None, seed: int = 0) -> 
         sim["throughput_tok_s"] = sim_throughput(
             [r.arrival_s for r in real], [t.latency_s for t in timed], [t.output for t in timed]
         )
-        result = compare_means(run.means.real, sim, run.means.anchors)
-        return Validation(run, profile, result, {})
+        result = compare_means(run.means.real, sim, run.means.anchors, run.means.ranges)
+        unpublished = {k: v for k, v in sim.items() if k not in run.means.real}
+        return Validation(run, profile, result, {}, unpublished)
     result = {metric: compare(a, b) for metric, (a, b) in samples.items()}
     return Validation(run, profile, result, samples)
