@@ -247,17 +247,36 @@ async def prefill_leg(
 # ---------------------------------------------------------------- the decode leg
 
 
+class ReadEvents:
+    """The events of one read result, oldest first, and when each arrived, side by side
+    (``times[i]`` is when ``events[i]`` arrived): a streamed token costs no pair."""
+
+    __slots__ = ("events", "times")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.events: list[SseEvent] = []
+
+    def add(self, at: float, event: SseEvent) -> None:
+        self.times.append(at)
+        self.events.append(event)
+
+    def pairs(self) -> list[tuple[float, SseEvent]]:
+        """The events as ``(arrival time, event)`` pairs."""
+        return list(zip(self.times, self.events, strict=True))
+
+
 class DecodeLeg:
     """One decode stream on ``consumer``: its deadlines, and what each read of it means.
 
     ``first_token_timeout_s`` runs from the leg's creation (the open's connect and header delays
     count) until the first generated token. :meth:`read` turns one transport result into the
-    ``(arrival time, event)`` pairs it carries, in order; when the read shows a fault the events
-    before it are still returned and :attr:`fault` is set. Nothing is read after a fault or
-    after ``[DONE]`` (:attr:`done`). A :class:`Burst` is taken read by read, each at its own
-    arrival time, exactly as if the reads had come one at a time; a read equal to the one before
-    it, where that one started and ended at an event boundary, is that read's events again, not
-    parsed a second time.
+    events it carries and their arrival times (:class:`ReadEvents`), in order; when the read
+    shows a fault the events before it are still returned and :attr:`fault` is set. Nothing is
+    read after a fault or after ``[DONE]`` (:attr:`done`). A :class:`Burst` is taken read by
+    read, each at its own arrival time, exactly as if the reads had come one at a time; a read
+    equal to the one before it, where that one started and ended at an event boundary, is that
+    read's events again, not parsed a second time.
     """
 
     __slots__ = (
@@ -320,7 +339,7 @@ class DecodeLeg:
                 self.fault = _http_fault(opened.status, opened.body, self.consumer, "decode")
         return self.fault
 
-    async def next_read(self) -> list[tuple[float, SseEvent]]:
+    async def next_read(self) -> ReadEvents:
         """Await the stream's next read under the current deadline; its events (see
         :meth:`read`)."""
         result = await self.transport.next_chunk(self.handle, self.deadline)
@@ -356,9 +375,9 @@ class DecodeLeg:
         self.deadline = max(self.deadline, min(at + timeout, self.request_deadline))
         return outlasted
 
-    def read(self, result: ChunkResult, now: float) -> list[tuple[float, SseEvent]]:
+    def read(self, result: ChunkResult, now: float) -> ReadEvents:
         """The events of one read result, each with its arrival time (see the class)."""
-        out: list[tuple[float, SseEvent]] = []
+        out = ReadEvents()
         if isinstance(result, Chunk):
             self._take(now, result.data, out)
         elif isinstance(result, Burst):
@@ -368,24 +387,26 @@ class DecodeLeg:
             # simulated engine at one token per chunk writes the same bytes for every chunk.
             repeat: bytes | None = None
             same: list[SseEvent] = []
-            times = result.times
+            times, events = out.times, out.events
+            arrived = result.times
             for i, data in enumerate(result.chunks):
-                at = times[i]
+                at = arrived[i]
                 if at >= self.deadline:
                     self.fault = self._timeout()
                     break
                 if data == repeat:
                     for event in same:
-                        out.append((at, event))
+                        times.append(at)
+                        events.append(event)
                     self.forwarded(at)
                     continue
                 fresh = self.parser.at_boundary
-                start = len(out)
+                start = len(events)
                 self._take(at, data, out)
                 if self.done or self.fault is not None:
                     break
                 if fresh and self.got_token and self.parser.at_boundary:
-                    repeat, same = data, [event for _, event in out[start:]]
+                    repeat, same = data, events[start:]
                 else:
                     repeat = None
         elif isinstance(result, TimedOut):
@@ -424,7 +445,7 @@ class DecodeLeg:
             phase="decode",
         )
 
-    def _take(self, at: float, data: bytes, out: list[tuple[float, SseEvent]]) -> None:
+    def _take(self, at: float, data: bytes, out: ReadEvents) -> None:
         """One transport read that arrived at ``at``."""
         try:
             events = self.parser.feed(data)
@@ -466,10 +487,10 @@ class DecodeLeg:
                         phase="decode",
                     )
                     return
-                out.append((at, event))
+                out.add(at, event)
                 self.done = True
                 return
-            out.append((at, event))
+            out.add(at, event)
         if self.got_token:  # any chunk, metadata too, resets the silence timer
             self.forwarded(at)
 

@@ -450,7 +450,10 @@ class _Lifecycle:
             result = await transport.next_chunk(leg.handle, leg.deadline)
             now = clock.now()
             out: list[bytes] = []  # what this read forwards, sent in one write
-            for at, event in leg.read(result, now):
+            read = leg.read(result, now)
+            times = read.times
+            for i, event in enumerate(read.events):
+                at = times[i]
                 kind = event.kind
                 if resume is not None and kind is not EventKind.DONE:
                     resume.saw(event)

@@ -159,7 +159,7 @@ class EngineClient:
         try:
             failure = await leg.open(endpoint, body, {"X-Request-Id": decode_id})
             while failure is None and not leg.done:
-                for _, event in await leg.next_read():
+                for event in (await leg.next_read()).events:
                     yield event
                 failure = leg.fault
             if failure is not None:
