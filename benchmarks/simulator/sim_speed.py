@@ -161,6 +161,9 @@ def measure(scenario: Scenario, profile: bool = False, window: int = 0) -> dict[
     run's later requests can be compared with its first ones within the same run."""
     warm = scenario.workload.model_copy(update={"max_requests": 50})
     run(scenario.model_copy(update={"workload": warm}))
+    # the runs before this one in the process leave cyclic garbage that narwhal simulate's
+    # thresholds rarely collect: every run starts on a clean heap, as a fresh process does
+    gc.collect()
     profiler = cProfile.Profile() if profile else None
     marks: list[float] = []
 
@@ -290,15 +293,30 @@ def draw(sweeps: dict[str, dict[str, Any]], path: Path) -> None:
         0.99,
         0.01,
         "benchmarks/simulator/sim_speed.py --sweep --repeat K per build, the best of K runs a "
-        f"point ({repeats}); machine reference: sum(range(1000))",
+        f"point ({repeats});\nmachine reference: sum(range(1000))",
         ha="right",
         fontsize=7,
         color="#555555",
     )
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    write_csv(sweeps, present, path.with_suffix(".csv"))
+
+
+def write_csv(sweeps: dict[str, dict[str, Any]], builds: list[str], path: Path) -> None:
+    """The figure's numbers: a row a bar, every run of the point beside the best."""
+    columns = "stream_interval,block_size,requests,best_per_wall_s,runs_per_wall_s,reference_us"
+    lines = ["build," + columns]
+    for name in builds:
+        for r in sweeps[name]["rows"]:
+            runs = " ".join(f"{rate:.0f}" for rate in r["runs_per_wall_s"])
+            lines.append(
+                f"{name},{r['stream_interval']},{r['block_size']},{r['requests']},"
+                f"{r[METRIC]:.0f},{runs},{sweeps[name]['reference_us']:.1f}"
+            )
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def sweep(requests: int, rate_scale: float, figure: Path, repeat: int = 1) -> None:

@@ -133,10 +133,10 @@ def test_a_vidur_profile_of_another_shape_or_unusable_rows_is_refused(tmp_path):
     attention = profile_dir / "attention.csv"
     saved = attention.read_bytes()
 
-    def to_tp2(row: dict[str, str]) -> None:
+    def to_tp4(row: dict[str, str]) -> None:
         row["num_tensor_parallel_workers"] = "4"
 
-    _rewrite(attention, edit=to_tp2)  # mlp.csv has tp 1 and 2, attention.csv now only 4
+    _rewrite(attention, edit=to_tp4)  # mlp.csv has tp 1 and 2, attention.csv now only 4
     with pytest.raises(source.ProfileError, match=r"no tensor-parallel degree is in both"):
         importer.read_any(profile_dir)
     attention.write_bytes(saved)
