@@ -80,7 +80,21 @@ from narwhal.sim.gpu.totals import EngineTotals
 from narwhal.sim.kvnet import KvNetwork
 from narwhal.sim.timing import StepTiming
 
-Due = dict[int, list[tuple[Seq, int]]]  # step -> the sequences due then, with their ``run``
+
+class Filed:
+    """A sequence filed in a bucket, with the ``run`` it had then (stale once it left the batch).
+
+    An object, not a pair: an entry due again moves to its next bucket as it is, where the
+    compiled build would rebuild a pair (a tuple, one a token at one token per chunk)."""
+
+    __slots__ = ("run", "seq")
+
+    def __init__(self, seq: Seq) -> None:
+        self.seq = seq
+        self.run = seq.run
+
+
+Due = dict[int, list[Filed]]  # step -> the sequences due then
 Chunks = list[tuple[Seq, int]]  # a step's prefill chunks: (sequence, tokens)
 
 
@@ -88,9 +102,9 @@ def _file(table: Due, step: int, seq: Seq) -> None:
     """File ``seq`` (as it runs now) in ``table``'s bucket for ``step``."""
     bucket = table.get(step)
     if bucket is None:
-        table[step] = [(seq, seq.run)]
+        table[step] = [Filed(seq)]
     else:
-        bucket.append((seq, seq.run))
+        bucket.append(Filed(seq))
 
 
 class Scheduler:
@@ -336,10 +350,10 @@ class Scheduler:
         due = self.out_due.pop(step, None)
         if due:
             later = step + self.params.stream_interval  # where a decode's next chunk is due
-            again: list[tuple[Seq, int]] = []  # the entries due again then, in order
+            again: list[Filed] = []  # the entries due again then, in order
             for entry in due:
-                seq, run = entry
-                if seq.run != run:
+                seq = entry.seq
+                if seq.run != entry.run:
                     continue
                 finish = seq.j + seq.out - seq.gen - 1
                 if step >= finish:
@@ -352,7 +366,7 @@ class Scheduler:
                 joined_at = seq.gen
                 seq.gen += step - seq.j + 1
                 self._emit(seq, False, now)
-                if seq.state is DECODE and seq.run == run:
+                if seq.state is DECODE and seq.run == entry.run:
                     seq.gen = joined_at  # while decoding, gen stays the count at the join step
                     nxt = step + 1 if seq.fault is not None else min(finish, later)
                     if nxt == later and nxt < finish:
@@ -462,16 +476,17 @@ class Scheduler:
         due = self.block_due.pop(step)
         blocks = self.blocks
         if blocks.num_free < len(due):  # perhaps short of blocks (stale entries count here too)
-            needing = [seq for seq, run in due if seq.run == run]
+            needing = [entry.seq for entry in due if entry.seq.run == entry.run]
             while blocks.num_free < len(needing):
                 victim = self._preempt_last(step, now)
                 if victim is None:  # pragma: no cover - a decode due is running
                     break
                 needing = [seq for seq in needing if seq is not victim]
-            due = [(seq, seq.run) for seq in needing]
+            due = [Filed(seq) for seq in needing]
         nxt = step + blocks.block_size
-        for seq, run in due:
-            if seq.run != run:
+        for entry in due:
+            seq = entry.seq
+            if seq.run != entry.run:
                 continue
             if not blocks.append_block(seq):  # pragma: no cover - preemption freed enough
                 break
