@@ -261,10 +261,6 @@ class ReadEvents:
         self.times.append(at)
         self.events.append(event)
 
-    def pairs(self) -> list[tuple[float, SseEvent]]:
-        """The events as ``(arrival time, event)`` pairs."""
-        return list(zip(self.times, self.events, strict=True))
-
 
 class DecodeLeg:
     """One decode stream on ``consumer``: its deadlines, and what each read of it means.

@@ -16,6 +16,7 @@ from narwhal.core.legs import (
     MAX_REPLY_BYTES,
     DecodeLeg,
     PrefillOutcome,
+    ReadEvents,
     prefill_leg,
     prompt_tokens_of,
     read_prefill_reply,
@@ -23,7 +24,7 @@ from narwhal.core.legs import (
 )
 from narwhal.core.ports import Burst, Chunk, Reply, StreamEnd, TimedOut
 from narwhal.core.requests import COMPLETIONS, ClientRequest
-from narwhal.core.sse import EventKind
+from narwhal.core.sse import EventKind, SseEvent
 from tests.core.scripted import DONE as DONE_EVENT
 from tests.core.scripted import (
     Decode,
@@ -44,6 +45,11 @@ DONE = b"data: [DONE]\n\n"
 # is the same events only where it starts at an event's boundary)
 HEAD, TAIL = TOKEN[:20], TOKEN[20:]
 P, C = "http://p", "http://c"
+
+
+def pairs(read: ReadEvents) -> list[tuple[float, SseEvent]]:
+    """A read's events as ``(arrival time, event)`` pairs."""
+    return list(zip(read.times, read.events, strict=True))
 
 
 def burst(*reads: tuple[float, bytes]) -> Burst:
@@ -67,8 +73,8 @@ def reader(first_token_at: float = 1.0, silence: float = 0.5, deadline: float = 
 def test_deadline_moves_with_each_read_after_the_first_token_only() -> None:
     r = reader()
     # metadata before a token: the deadline is unchanged
-    assert r.read(Chunk(META), 0.2).pairs() and r.deadline == 1.0
-    events = r.read(Chunk(TOKEN), 0.3).pairs()
+    assert pairs(r.read(Chunk(META), 0.2)) and r.deadline == 1.0
+    events = pairs(r.read(Chunk(TOKEN), 0.3))
     assert [e.kind for _, e in events] == [EventKind.TOKEN] and r.deadline == 0.8
     r.read(Chunk(META), 0.7)
     assert r.deadline == 1.2  # any chunk after the first token resets the silence timer
@@ -117,7 +123,7 @@ def test_zero_read_timeout_means_the_request_deadline() -> None:
 
 def test_burst_reads_carry_their_own_arrival_times() -> None:
     r = reader()
-    events = r.read(burst((0.2, META), (0.4, TOKEN), (0.7, TOKEN)), 0.95).pairs()
+    events = pairs(r.read(burst((0.2, META), (0.4, TOKEN), (0.7, TOKEN)), 0.95))
     assert [(at, e.kind) for at, e in events] == [
         (0.2, EventKind.METADATA),
         (0.4, EventKind.TOKEN),
@@ -128,17 +134,17 @@ def test_burst_reads_carry_their_own_arrival_times() -> None:
 
 def test_burst_read_at_or_after_the_deadline_is_a_timeout_after_the_earlier_events() -> None:
     r = reader()
-    events = r.read(burst((0.3, TOKEN), (0.8, TOKEN), (0.9, TOKEN)), 0.9).pairs()
+    events = pairs(r.read(burst((0.3, TOKEN), (0.8, TOKEN), (0.9, TOKEN)), 0.9))
     assert [at for at, _ in events] == [0.3]  # 0.8 is exactly the silence deadline (0.3 + 0.5)
     assert r.fault is not None and r.fault.kind is FaultKind.SILENCE
     late = reader()
-    assert late.read(burst((1.0, TOKEN)), 1.0).pairs() == []
+    assert pairs(late.read(burst((1.0, TOKEN)), 1.0)) == []
     assert late.fault is not None and late.fault.kind is FaultKind.FIRST_TOKEN_TIMEOUT
 
 
 def test_in_band_error_after_tokens_keeps_the_tokens_and_stops_reading() -> None:
     r = reader()
-    events = r.read(burst((0.1, TOKEN), (0.2, ERROR), (0.3, TOKEN)), 0.3).pairs()
+    events = pairs(r.read(burst((0.1, TOKEN), (0.2, ERROR), (0.3, TOKEN)), 0.3))
     assert [e.kind for _, e in events] == [EventKind.TOKEN]
     assert r.fault is not None and r.fault.kind is FaultKind.INBAND_ERROR
     assert r.fault.status == 503
@@ -146,10 +152,10 @@ def test_in_band_error_after_tokens_keeps_the_tokens_and_stops_reading() -> None
 
 def test_done_ends_reading_and_done_before_token_is_a_fault() -> None:
     r = reader()
-    events = r.read(Chunk(TOKEN + DONE + TOKEN), 0.1).pairs()
+    events = pairs(r.read(Chunk(TOKEN + DONE + TOKEN), 0.1))
     assert [e.kind for _, e in events] == [EventKind.TOKEN, EventKind.DONE] and r.done
     early = reader()
-    assert early.read(Chunk(META + DONE), 0.1).pairs()[0][1].kind is EventKind.METADATA
+    assert pairs(early.read(Chunk(META + DONE), 0.1))[0][1].kind is EventKind.METADATA
     assert early.fault is not None and early.fault.kind is FaultKind.DONE_BEFORE_TOKEN
 
 
@@ -170,7 +176,7 @@ def _one_at_a_time(reads: list[tuple[float, bytes]]) -> tuple[list[tuple[float, 
         if at >= r.deadline:
             r.read(TimedOut(), r.deadline)
             break
-        out += [(t, e.data) for t, e in r.read(Chunk(data), at).pairs()]
+        out += [(t, e.data) for t, e in pairs(r.read(Chunk(data), at))]
         if r.fault is not None or r.done:
             break
     return out, r.fault.kind.value if r.fault else None
@@ -195,7 +201,7 @@ def _held_back(
         if not batch:
             r.read(TimedOut(), deadline)
             break
-        out += [(t, e.data) for t, e in r.read(burst(*batch), wake).pairs()]
+        out += [(t, e.data) for t, e in pairs(r.read(burst(*batch), wake))]
         i += len(batch)
         if r.fault is not None or r.done:
             break
@@ -223,24 +229,24 @@ def test_any_grouping_into_bursts_reads_like_one_read_at_a_time(
 
 def test_a_repeated_read_means_what_it_meant_the_first_time_and_a_split_one_is_parsed() -> None:
     r = reader()
-    first = r.read(Chunk(TOKEN), 0.1).pairs()
-    again = r.read(burst((0.2, TOKEN), (0.3, TOKEN)), 0.3).pairs()
+    first = pairs(r.read(Chunk(TOKEN), 0.1))
+    again = pairs(r.read(burst((0.2, TOKEN), (0.3, TOKEN)), 0.3))
     assert [e for _, e in again] == [first[0][1]] * 2 and r.deadline == 0.8
     half = len(TOKEN) // 2  # a read that is half an event is not taken for a repeat
-    assert r.read(Chunk(TOKEN[:half]), 0.4).pairs() == []
-    assert [e.kind for _, e in r.read(Chunk(TOKEN[half:]), 0.5).pairs()] == [EventKind.TOKEN]
-    assert [e.kind for _, e in r.read(Chunk(TOKEN + TOKEN), 0.6).pairs()] == [EventKind.TOKEN] * 2
-    assert [e.kind for _, e in r.read(Chunk(TOKEN), 0.7).pairs()] == [EventKind.TOKEN]
+    assert pairs(r.read(Chunk(TOKEN[:half]), 0.4)) == []
+    assert [e.kind for _, e in pairs(r.read(Chunk(TOKEN[half:]), 0.5))] == [EventKind.TOKEN]
+    assert [e.kind for _, e in pairs(r.read(Chunk(TOKEN + TOKEN), 0.6))] == [EventKind.TOKEN] * 2
+    assert [e.kind for _, e in pairs(r.read(Chunk(TOKEN), 0.7))] == [EventKind.TOKEN]
     bad = b"data: {nope\n\n"
     r.read(Chunk(bad), 0.8)
     assert r.fault is not None and r.fault.kind is FaultKind.MALFORMED_RESPONSE
     # in one burst: a read that ended an event begun before it is no repeatable read (alone,
     # the same bytes are a line of another field and a blank line: no event)
     cut = reader()
-    events = cut.read(burst((0.1, TOKEN), (0.2, HEAD), (0.3, TAIL), (0.4, TAIL)), 0.4).pairs()
+    events = pairs(cut.read(burst((0.1, TOKEN), (0.2, HEAD), (0.3, TAIL), (0.4, TAIL)), 0.4))
     assert [at for at, _ in events] == [0.1, 0.3] and cut.fault is None
     again = reader()  # a read of whole events, repeated: the same events each time
-    events = again.read(burst((0.1, META), (0.2, TOKEN + META), (0.3, TOKEN + META)), 0.3).pairs()
+    events = pairs(again.read(burst((0.1, META), (0.2, TOKEN + META), (0.3, TOKEN + META)), 0.3))
     assert [e.kind for _, e in events] == [EventKind.METADATA] + [
         EventKind.TOKEN,
         EventKind.METADATA,
@@ -249,15 +255,15 @@ def test_a_repeated_read_means_what_it_meant_the_first_time_and_a_split_one_is_p
 
 def test_an_event_that_never_ends_is_malformed_once_it_passes_the_bound() -> None:
     r = reader(deadline=100.0)
-    assert r.read(Chunk(TOKEN), 0.1).pairs()
+    assert pairs(r.read(Chunk(TOKEN), 0.1))
     piece = b"x" * (1024 * 1024)
     held = 0
     r.read(Chunk(b"data: " + piece), 0.2)  # an event begins and never ends its line
     held += 6 + len(piece)
     while held + len(piece) <= MAX_EVENT_BYTES:
-        assert r.read(Chunk(piece), 0.3).pairs() == [] and r.fault is None  # up to the bound: held
+        assert pairs(r.read(Chunk(piece), 0.3)) == [] and r.fault is None  # up to the bound: held
         held += len(piece)
-    assert r.read(Chunk(piece), 0.4).pairs() == []
+    assert pairs(r.read(Chunk(piece), 0.4)) == []
     assert r.fault is not None and r.fault.kind is FaultKind.MALFORMED_RESPONSE
     assert r.fault.message == f"engine sent a server-sent event over {MAX_EVENT_BYTES} bytes"
     assert r.fault.status == 502 and r.fault.engine == C
@@ -400,7 +406,7 @@ async def collect(leg: DecodeLeg) -> list[tuple[float, EventKind]]:
     """Every event the open leg reads until [DONE] or a fault, by arrival from the start."""
     seen: list[tuple[float, EventKind]] = []
     while leg.fault is None and not leg.done:
-        read = (await leg.next_read()).pairs()
+        read = pairs(await leg.next_read())
         seen += [(round(at - 1000.0, 6), event.kind) for at, event in read]
     return seen
 
@@ -509,7 +515,7 @@ def test_a_read_looked_at_then_declined_reads_as_if_never_looked_at() -> None:
     for leg in (looked, plain):
         leg.read(Chunk(TOKEN), 0.3)
     assert looked.forwardable(META + DONE) is None
-    assert [(at, e.kind) for at, e in looked.read(Chunk(META + DONE), 0.4).pairs()] == [
-        (at, e.kind) for at, e in plain.read(Chunk(META + DONE), 0.4).pairs()
+    assert [(at, e.kind) for at, e in pairs(looked.read(Chunk(META + DONE), 0.4))] == [
+        (at, e.kind) for at, e in pairs(plain.read(Chunk(META + DONE), 0.4))
     ]
     assert looked.done and plain.done
