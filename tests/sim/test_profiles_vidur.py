@@ -123,37 +123,39 @@ def test_a_vidur_profile_without_a_file_or_column_is_refused_naming_it(tmp_path,
         importer.read_any(tmp_path)
 
 
-def test_a_vidur_profile_of_another_shape_or_unusable_rows_is_refused(tmp_path):
+def test_a_vidur_profile_of_another_shape_is_refused(tmp_path):
     profile_dir = _copy(tmp_path)
     other = tmp_path / "gqa.json"
     config = json.loads((profile_dir / "config.json").read_text())
     other.write_text(json.dumps({**config, "num_key_value_heads": 8}))
     with pytest.raises(source.ProfileError, match=r"mlp\.csv: no row measured at the model's"):
         importer.read_any(profile_dir, other)
-    attention = profile_dir / "attention.csv"
-    saved = attention.read_bytes()
 
-    def to_tp4(row: dict[str, str]) -> None:
-        row["num_tensor_parallel_workers"] = "4"
 
-    _rewrite(attention, edit=to_tp4)  # mlp.csv has tp 1 and 2, attention.csv now only 4
-    with pytest.raises(source.ProfileError, match=r"no tensor-parallel degree is in both"):
-        importer.read_any(profile_dir)
-    attention.write_bytes(saved)
+def _to_tp4(row: dict[str, str]) -> None:  # mlp.csv has tp 1 and 2, attention.csv then only 4
+    row["num_tensor_parallel_workers"] = "4"
 
-    def two_block_sizes(row: dict[str, str]) -> None:
-        if row["batch_size"] == "8":
-            row["block_size"] = "32"
 
-    _rewrite(attention, edit=two_block_sizes)
-    with pytest.raises(source.ProfileError, match=r"tp 1 holds block sizes 16, 32"):
-        importer.read_any(profile_dir)
-    attention.write_bytes(saved)
+def _two_block_sizes(row: dict[str, str]) -> None:
+    if row["batch_size"] == "8":
+        row["block_size"] = "32"
 
-    def no_decode_time(row: dict[str, str]) -> None:
-        if row["prefill_chunk_size"] == "0":
-            row["time_stats.attn_decode.median"] = ""
 
-    _rewrite(attention, edit=no_decode_time)
-    with pytest.raises(source.ProfileError, match=r"attn_decode\.median is empty in a row"):
+def _no_decode_time(row: dict[str, str]) -> None:
+    if row["prefill_chunk_size"] == "0":
+        row["time_stats.attn_decode.median"] = ""
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_to_tp4, r"no tensor-parallel degree is in both"),
+        (_two_block_sizes, r"tp 1 holds block sizes 16, 32"),
+        (_no_decode_time, r"attn_decode\.median is empty in a row"),
+    ],
+)
+def test_unusable_vidur_attention_rows_are_refused(tmp_path, edit, message):
+    profile_dir = _copy(tmp_path)
+    _rewrite(profile_dir / "attention.csv", edit=edit)
+    with pytest.raises(source.ProfileError, match=message):
         importer.read_any(profile_dir)
