@@ -29,10 +29,10 @@ import dataclasses
 from pathlib import Path
 from statistics import mean
 
-from narwhal.sim.validation.compare import compare, sim_throughput
+from narwhal.sim.validation.compare import compare
 from narwhal.sim.validation.replay import replay
 from narwhal.sim.validation.runlog import RunLog, read_run
-from narwhal.sim.validation.validate import load_profile
+from narwhal.sim.validation.validate import load_profile, paired_samples, simulated_means
 
 RUNS = Path(__file__).resolve().parents[2] / "tests" / "data" / "runs"
 
@@ -43,28 +43,15 @@ COLUMNS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "latency_ms": "E2E", "throughpu
 
 def errors(run: RunLog, profile: dict, allreduce: bool = True) -> Figures:
     timed = replay(run, profile, allreduce=allreduce)
-    tpot_sim = [t.tpot_s for t in timed if t.tpot_s is not None]
-    sim = {
-        "ttft_ms": 1e3 * mean(t.ttft_s for t in timed),
-        "tpot_ms": 1e3 * mean(tpot_sim),
-        "latency_ms": 1e3 * mean(t.latency_s for t in timed),
-    }
+    samples = paired_samples(run, timed)
     out: Figures = {}
     if run.means is not None:
         real = dict(run.means.real)
-        sim["throughput_tok_s"] = sim_throughput(
-            [r.arrival_s for r in run.requests],
-            [t.latency_s for t in timed],
-            [t.output for t in timed],
-        )
+        sim = simulated_means(run, timed, samples)
     else:
-        tpot_real = [r.tpot_s for r in run.requests if r.tpot_s is not None]
-        out["ks_p"] = compare(tpot_real, tpot_sim)["ks_p"]
-        real = {
-            "ttft_ms": 1e3 * mean(r.ttft_s for r in run.requests if r.ttft_s is not None),
-            "tpot_ms": 1e3 * mean(r.tpot_s for r in run.requests if r.tpot_s is not None),
-            "latency_ms": 1e3 * mean(r.latency_s for r in run.requests if r.latency_s is not None),
-        }
+        out["ks_p"] = compare(*samples["tpot_ms"])["ks_p"]
+        real = {metric: 1e3 * mean(values) for metric, (values, _) in samples.items()}
+        sim = {metric: 1e3 * mean(values) for metric, (_, values) in samples.items()}
     for metric, value in real.items():
         out[metric] = 100.0 * (sim[metric] / value - 1.0)
     return out

@@ -203,9 +203,14 @@ def _where(row: dict[str, str]) -> str:
     return ", ".join(f"{k} {row[k]}" for k in keys)
 
 
+def _up_width(config: ModelConfig, gated: bool) -> int:
+    """The up-projection's output width (a gated MLP's gate and up projections are one GEMM)."""
+    return config.inter * (2 if gated else 1)
+
+
 def _lm_head(up_proj: Points, config: ModelConfig, gated: bool) -> Points:
     """The LM head's (rows, seconds), from the measured up-projection (module docstring)."""
-    width = config.inter * (2 if gated else 1)
+    width = _up_width(config, gated)
     return [(rows, seconds * config.vocab / width) for rows, seconds in up_proj]
 
 
@@ -246,7 +251,7 @@ def read_vidur_profile(profile_dir: Path, model_config: Path | None = None) -> S
         )
     notes.append(
         "lm_head: not measured by this layout, taken as the measured mlp_up_proj scaled by "
-        f"vocab / up-projection width ({config.vocab} / {config.inter * (2 if gated else 1)})"
+        f"vocab / up-projection width ({config.vocab} / {_up_width(config, gated)})"
     )
     notes.append("final norm: not measured by this layout, left out")
     notes.append("sampler: not measured by this layout, taken as zero")

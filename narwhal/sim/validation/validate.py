@@ -15,7 +15,7 @@ from typing import Any
 
 from narwhal.sim.profiles import importer, source, store
 from narwhal.sim.validation.compare import compare, compare_means, sim_throughput
-from narwhal.sim.validation.replay import replay
+from narwhal.sim.validation.replay import Timed, replay
 from narwhal.sim.validation.runlog import RunLog, read_run
 
 
@@ -31,27 +31,24 @@ def load_profile(path: Path | None, run: RunLog) -> dict[str, Any]:
     raise source.ProfileError(f"{path}: no such profile directory or file")
 
 
+Samples = dict[str, tuple[list[float], list[float]]]  # metric -> (real, simulated), seconds
+
+
 @dataclass(frozen=True)
 class Validation:
     run: RunLog
     profile: dict[str, Any]
     result: dict[str, Any]  # validation.json
     # metric -> (real, sim) in seconds; empty for a means-only run (no real distribution)
-    samples: dict[str, tuple[list[float], list[float]]]
+    samples: Samples
     # a means-only run: the simulated means of what it did not publish (printed, for the record)
     unpublished: dict[str, float] = field(default_factory=dict)
 
 
-def validate(run_dir: Path, profile_path: Path | None = None, seed: int = 0) -> Validation:
-    run = read_run(run_dir)
-    profile = load_profile(profile_path, run)
-    if profile["model"] != run.engine.model:
-        raise source.ProfileError(
-            f"the profile is of {profile['model']}, the run served {run.engine.model}"
-        )
-    timed = replay(run, profile, seed)
+def paired_samples(run: RunLog, timed: list[Timed]) -> Samples:
+    """Per metric, the run's measured values (those it recorded) and the replay's."""
     real = run.requests
-    samples = {
+    return {
         "ttft_ms": (
             [r.ttft_s for r in real if r.ttft_s is not None],
             [t.ttft_s for t in timed],
@@ -65,11 +62,30 @@ def validate(run_dir: Path, profile_path: Path | None = None, seed: int = 0) -> 
             [t.latency_s for t in timed],
         ),
     }
-    if run.means is not None:
-        sim = {metric: 1e3 * mean(values) for metric, (_, values) in samples.items()}
-        sim["throughput_tok_s"] = sim_throughput(
-            [r.arrival_s for r in real], [t.latency_s for t in timed], [t.output for t in timed]
+
+
+def simulated_means(run: RunLog, timed: list[Timed], samples: Samples) -> dict[str, float]:
+    """The replay's figure for each metric a means-only run may publish (ms, and tok/s)."""
+    sim = {metric: 1e3 * mean(values) for metric, (_, values) in samples.items()}
+    sim["throughput_tok_s"] = sim_throughput(
+        [r.arrival_s for r in run.requests],
+        [t.latency_s for t in timed],
+        [t.output for t in timed],
+    )
+    return sim
+
+
+def validate(run_dir: Path, profile_path: Path | None = None, seed: int = 0) -> Validation:
+    run = read_run(run_dir)
+    profile = load_profile(profile_path, run)
+    if profile["model"] != run.engine.model:
+        raise source.ProfileError(
+            f"the profile is of {profile['model']}, the run served {run.engine.model}"
         )
+    timed = replay(run, profile, seed)
+    samples = paired_samples(run, timed)
+    if run.means is not None:
+        sim = simulated_means(run, timed, samples)
         result = compare_means(run.means.real, sim, run.means.anchors, run.means.ranges)
         unpublished = {k: v for k, v in sim.items() if k not in run.means.real}
         return Validation(run, profile, result, {}, unpublished)
