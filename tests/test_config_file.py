@@ -64,11 +64,15 @@ def test_the_callers_error_type_and_words_are_used(tmp_path: Path) -> None:
 
 def test_a_fleet_of_urls_is_the_configuration_a_file_of_them_would_be() -> None:
     given = config_from_urls(["http://p1:8100", "http://p2:8100/"], ["http://d:8200"])
-    written = parse_config(parse_toml(
-        '[[engines]]\nurl = "http://p1:8100"\nrole = "prefill"\n'
-        '[[engines]]\nurl = "http://p2:8100"\nrole = "prefill"\n'
-        '[[engines]]\nurl = "http://d:8200"\nrole = "decode"\n', "f", ConfigError
-    ))
+    written = parse_config(
+        parse_toml(
+            '[[engines]]\nurl = "http://p1:8100"\nrole = "prefill"\n'
+            '[[engines]]\nurl = "http://p2:8100"\nrole = "prefill"\n'
+            '[[engines]]\nurl = "http://d:8200"\nrole = "decode"\n',
+            "f",
+            ConfigError,
+        )
+    )
     assert given == written
     both = config_from_urls(["http://e:8100"], ["http://e:8100"])  # one engine, both roles
     assert [(e.url, e.role.value) for e in both.engines] == [("http://e:8100", "both")]

@@ -51,7 +51,9 @@ def test_a_simulator_command_without_its_extra_says_how_to_install_it() -> None:
     code = "import sys; sys.modules['simpy'] = None; from narwhal.cli import main; sys.exit(main())"
     done = subprocess.run(
         [sys.executable, "-c", code, "simulate", "--no-plot", "--out", "unused"],
-        cwd=REPO, capture_output=True, text=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 2
     assert "pip install 'narwhal-router[sim]'" in done.stderr

@@ -114,9 +114,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "figures" / "replicas")
     args = parser.parse_args()
     rows = [
-        point(case, scenario, n, args.seeds)
-        for case, scenario in cases().items()
-        for n in COUNTS
+        point(case, scenario, n, args.seeds) for case, scenario in cases().items() for n in COUNTS
     ]
     for path in draw(rows, args.seeds, args.out):
         print(f"wrote {path}")

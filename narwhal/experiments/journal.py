@@ -27,8 +27,15 @@ JOURNAL_NAME = "runs.journal.jsonl"
 
 def task_digest(task: RunTask) -> str:
     """What makes a run the same run: everything :func:`run_task` reads from the task."""
-    identity = [task.index, task.point, task.replicate, task.rate_multiplier, task.seed,
-                task.scenario, task.samples]
+    identity = [
+        task.index,
+        task.point,
+        task.replicate,
+        task.rate_multiplier,
+        task.seed,
+        task.scenario,
+        task.samples,
+    ]
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

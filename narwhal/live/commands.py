@@ -91,9 +91,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def resolve_api_key(
-    flag: str | None, path: str | None, environ: Mapping[str, str]
-) -> str | None:
+def resolve_api_key(flag: str | None, path: str | None, environ: Mapping[str, str]) -> str | None:
     """The key from ``--api-key``, ``--api-key-file`` or the environment, in that order; None
     when none is given. A key given but empty is refused: taken as "no key", it would turn
     authentication off without a word."""
@@ -176,8 +174,7 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"narwhal: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
         return 1
     print(
-        f"narwhal: listening on http://{args.host}:{port_of(sock)} "
-        f"{startup_note(api_key)}; fleet:",
+        f"narwhal: listening on http://{args.host}:{port_of(sock)} {startup_note(api_key)}; fleet:",
         file=sys.stderr,
         flush=True,
     )

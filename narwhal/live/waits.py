@@ -169,4 +169,3 @@ def deadline_at(
     if stalls is None:
         return asyncio.timeout(max(0.0, deadline - clock.now()))
     return _TimeoutDeadline(clock, stalls, deadline)
-

@@ -77,8 +77,10 @@ def calibrate_engine(
         for _ in range(repeats):
             for length in lengths:
                 measured += 1
-                say(f"calibrate: {'handoff' if pair else 'prefill'} {measured}/{planned} "
-                    f"({length}-token prompt)")
+                say(
+                    f"calibrate: {'handoff' if pair else 'prefill'} {measured}/{planned} "
+                    f"({length}-token prompt)"
+                )
                 prompt = unique_prompt(length, rng)
                 if pair:
                     sample = time_handoff(http, engine, decoder, prompt, name, handoff_tokens)

@@ -49,7 +49,9 @@ def _count_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_resume_runs_only_the_missing_runs_and_writes_the_same_files(
-    tiny_spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tiny_spec: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
@@ -70,7 +72,9 @@ def test_resume_runs_only_the_missing_runs_and_writes_the_same_files(
 
 
 def test_a_journal_is_never_overwritten_or_mixed_with_another_sweep(
-    tiny_spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tiny_spec: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "out"
@@ -87,7 +91,9 @@ def test_a_journal_is_never_overwritten_or_mixed_with_another_sweep(
 
 
 def test_a_torn_last_line_is_run_again_and_a_bad_middle_line_is_refused(
-    tiny_spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tiny_spec: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out = tmp_path / "out"
     with monkeypatch.context() as patch:

@@ -45,10 +45,13 @@ def scraped(router: Callable[..., RouterHandle], emulator: Callable[..., Emulato
     """A live router's /metrics after a streamed and a plain request (every series present;
     flow control on, so its per-band families are there)."""
     producer, consumer = emulator("prefill"), emulator("decode")
-    handle = router([
-        {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
-        {"url": consumer.url, "role": "decode"},
-    ], flow={"enabled": True, "saturation_gate": False})  # fmt: skip  (its families too)
+    handle = router(
+        [
+            {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
+            {"url": consumer.url, "role": "decode"},
+        ],
+        flow={"enabled": True, "saturation_gate": False},
+    )  # fmt: skip  (its families too)
     for stream in (True, False):
         body = {"prompt": "hi", "max_tokens": 4, "stream": stream}
         assert HTTP.post(handle.url + "/v1/completions", json=body).status_code == 200
@@ -102,7 +105,8 @@ def test_metrics_pass_promtool(scraped: str) -> None:
 def test_alert_rules_pass_promtool() -> None:
     checked = subprocess.run(
         [_promtool(), "check", "rules", str(DEPLOY / "prometheus" / "alerts.yaml")],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
 

@@ -102,6 +102,7 @@ PATIENT = {
     "max_handoff_age_s": 10.0,
 }
 
+
 def run(servers: Servers, policy: str) -> Run:
     """The workload through a fresh fleet (empty caches) whose both phases use ``policy``."""
     producers = [start_emulator(servers, "prefill") for _ in range(2)]

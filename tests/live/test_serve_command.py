@@ -24,17 +24,36 @@ def test_stdout_holds_only_json_lines_and_people_read_stderr(
 ) -> None:
     producer, consumer = emulator("prefill"), emulator("decode")
     config = tmp_path / "narwhal.toml"
-    config.write_text(tomli_w.dumps({"engines": [
-        {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
-        {"url": consumer.url, "role": "decode"},
-    ]}))
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "engines": [
+                    {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
+                    {"url": consumer.url, "role": "decode"},
+                ]
+            }
+        )
+    )
     sock = bind("127.0.0.1", 0)
     port = port_of(sock)
     sock.close()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "narwhal.cli", "serve", "--config", str(config),
-         "--port", str(port), "--graceful-s", "1"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "narwhal.cli",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--graceful-s",
+            "1",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -74,9 +93,24 @@ def test_serve_takes_the_fleet_from_prefill_and_decode_urls_without_a_file(
     port = port_of(sock)
     sock.close()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "narwhal.cli", "serve", "--prefill", producer.url,
-         "--decode", consumer.url, "--port", str(port), "--graceful-s", "1"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "narwhal.cli",
+            "serve",
+            "--prefill",
+            producer.url,
+            "--decode",
+            consumer.url,
+            "--port",
+            str(port),
+            "--graceful-s",
+            "1",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -93,7 +127,8 @@ def test_serve_takes_the_fleet_from_prefill_and_decode_urls_without_a_file(
         assert reply.status_code == 200
         engines = HTTP.get(url + "/status").json()["engines"]
         assert [(e["url"], e["role"]) for e in engines] == [
-            (producer.url, "prefill"), (consumer.url, "decode")
+            (producer.url, "prefill"),
+            (consumer.url, "decode"),
         ]
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -104,21 +139,28 @@ def test_serve_takes_the_fleet_from_prefill_and_decode_urls_without_a_file(
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "narwhal.cli", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
 def test_a_fleet_on_the_command_line_is_checked_as_a_file_is(tmp_path: Path) -> None:
     bad = run_cli("serve", "--prefill", "http://127.0.0.1:8100", "--decode", "127.0.0.1:8200")
     assert bad.returncode == 2 and bad.stdout == ""
-    assert "--decode: must be an http(s) URL like 'http://127.0.0.1:8100', got " \
+    assert (
+        "--decode: must be an http(s) URL like 'http://127.0.0.1:8100', got "
         "'127.0.0.1:8200'" in bad.stderr
+    )
     half = run_cli("preflight", "--prefill", "http://127.0.0.1:8100")
     assert half.returncode == 2 and "no engine can decode" in half.stderr
     neither = run_cli("serve")
     assert neither.returncode == 2
-    assert "give either --config FILE or --prefill URL and --decode URL (got neither)" \
+    assert (
+        "give either --config FILE or --prefill URL and --decode URL (got neither)"
         in neither.stderr
+    )
     config = tmp_path / "narwhal.toml"
     config.write_text("")
     both = run_cli("serve", "--config", str(config), "--decode", "http://127.0.0.1:8200")

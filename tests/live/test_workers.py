@@ -60,10 +60,16 @@ class Served:
 def serve(tmp_path: Path, emulator: Callable[..., Emulator]) -> Iterator[Callable[[int], Served]]:
     producer, consumer = emulator("prefill"), emulator("decode")
     config = tmp_path / "narwhal.toml"
-    config.write_text(tomli_w.dumps({"engines": [
-        {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
-        {"url": consumer.url, "role": "decode"},
-    ]}))
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "engines": [
+                    {"url": producer.url, "role": "prefill", "kv_endpoint": producer.side_channel},
+                    {"url": consumer.url, "role": "decode"},
+                ]
+            }
+        )
+    )
     started: list[Served] = []
 
     def start(workers: int) -> Served:
@@ -71,9 +77,24 @@ def serve(tmp_path: Path, emulator: Callable[..., Emulator]) -> Iterator[Callabl
         port = port_of(sock)
         sock.close()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "narwhal.cli", "serve", "--config", str(config),
-             "--port", str(port), "--graceful-s", "1", "--workers", str(workers)],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "narwhal.cli",
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                str(port),
+                "--graceful-s",
+                "1",
+                "--workers",
+                str(workers),
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         served = Served(proc, port)
         started.append(served)
@@ -90,11 +111,14 @@ def serve(tmp_path: Path, emulator: Callable[..., Emulator]) -> Iterator[Callabl
 
 
 def both_answer(served: Served) -> None:
-    poll(lambda: served.proc.poll() is not None or (served.scrape() and len(served.workers) == 2),
-         "both workers to answer a scrape")
+    poll(
+        lambda: served.proc.poll() is not None or (served.scrape() and len(served.workers) == 2),
+        "both workers to answer a scrape",
+    )
     assert served.proc.poll() is None
-    reply = httpx.post(served.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
-                       timeout=10)
+    reply = httpx.post(
+        served.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10
+    )
     assert reply.status_code == 200
 
 

@@ -205,10 +205,15 @@ def test_the_cli_raises_the_collectors_thresholds_for_its_run_only(
 def test_fault_records_list_only_the_parameters_their_kind_takes(tmp_path: Path) -> None:
     faults = [
         {"kind": "hang", "engine": "http://sim-d1", "at_s": 1.0, "duration_s": 1.0},
-        {"kind": "slow", "engine": "http://sim-d0", "at_s": 1.0, "duration_s": 1.0,
-         "factor": 2.5},
-        {"kind": "stall", "engine": "http://sim-d0", "at_s": 1.0, "duration_s": 1.0,
-         "probability": 0.5, "after_tokens": 3},
+        {"kind": "slow", "engine": "http://sim-d0", "at_s": 1.0, "duration_s": 1.0, "factor": 2.5},
+        {
+            "kind": "stall",
+            "engine": "http://sim-d0",
+            "at_s": 1.0,
+            "duration_s": 1.0,
+            "probability": 0.5,
+            "after_tokens": 3,
+        },
         {"kind": "http_5xx", "engine": "http://sim-p0", "at_s": 1.0, "duration_s": 1.0},
     ]
     workload = {"kind": "gamma", "rate": 5.0, "cv": 1.0, "duration_s": 3.0}

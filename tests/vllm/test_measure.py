@@ -17,8 +17,6 @@ from tests.live.conftest import Emulator, Servers, start_emulator
 TIMING = LinearTiming(decode_s_per_token=0.002)
 
 
-
-
 def events(wire: bytes) -> list:  # type: ignore[type-arg]
     return SseParser().feed(wire)
 

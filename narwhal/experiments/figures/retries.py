@@ -142,8 +142,7 @@ def draw(result: SweepResult, options: RetriesOptions, out: Path) -> list[Path]:
         if failed["failed_pct_ci_low"] is not None:
             span = f" [{failed['failed_pct_ci_low']:.2f}, {failed['failed_pct_ci_high']:.2f}]"
         ax.annotate(
-            f"{100 - row['success_pct']:.2f}% failed{span}\n"
-            f"{row['retried_requests']:.0f} retried",
+            f"{100 - row['success_pct']:.2f}% failed{span}\n{row['retried_requests']:.0f} retried",
             (i, bottoms[i]),
             ha="center",
             va="bottom",
