@@ -89,7 +89,20 @@ def test_validate_writes_the_documented_keys_a_plot_and_its_csv(tmp_path, capsys
     assert (out / "cdf.png").stat().st_size > 10_000
     rows = (out / "cdf.csv").read_text().splitlines()
     assert rows[0] == "metric,side,value_ms,fraction" and len(rows) > 1000
-    assert "TTFT mean" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "TTFT mean" in out and "dataset" not in out  # found beside the run: no note
+
+
+def test_a_run_whose_dataset_is_missing_says_its_prompts_are_replayed_as_unique(tmp_path, capsys):
+    run = small_run(tmp_path, [(1.0, 40, 3), (1.5, 40, 3)])  # meta.json names its dataset
+    assert read_run(run).dataset is None
+    assert main(["validate", "--run", str(run)]) == 0
+    out = capsys.readouterr().out
+    name = json.loads((PRO6000 / "vllm" / "meta.json").read_text())["dataset_path"]
+    assert f"note: the run's dataset {name} was not found" in out
+    assert str(run / "dataset.jsonl.xz") in out and "replayed as unique content" in out
+    found = read_run(PRO6000)  # the same meta.json, its dataset beside it
+    assert found.dataset == PRO6000 / "dataset.jsonl.xz" and found.dataset_missing is None
 
 
 def test_a_run_or_profile_it_cannot_use_gets_a_clear_error(tmp_path, capsys):

@@ -100,6 +100,13 @@ def _validate(args: argparse.Namespace) -> int:
     )
     if run.engine.defaulted:
         print(f"not recorded by the run, vLLM's default used: {', '.join(run.engine.defaulted)}")
+    if run.dataset_missing is not None:
+        name, places = run.dataset_missing
+        print(
+            f"note: the run's dataset {name} was not found (looked for "
+            f"{', '.join(map(str, places))}): every prompt is replayed as unique content, so "
+            "the simulated prefix cache never hits where vLLM's did"
+        )
     if run.means is not None:
         print(f"published as means only: {run.means.source}")
         print(means_table(done.result))

@@ -132,6 +132,9 @@ class RunLog:
     requests: tuple[RunRequest, ...]
     dataset: Path | None = None  # where the prompts' token ids came from
     means: RunMeans | None = None  # a means-only run: its requests' times are not recorded
+    # the dataset meta.json names (dataset_path) and the places looked for it, when it was not
+    # found there: the prompts are then replayed as unique content (no prefix-cache hit)
+    dataset_missing: tuple[str, tuple[Path, ...]] | None = None
 
 
 def _vllm_dir(run_dir: Path) -> Path:
@@ -380,10 +383,12 @@ def read_run(run_dir: Path) -> RunLog:
             raise ProfileError(
                 f"{vllm_dir / MEANS}: num_requests {count}, the dataset has {len(requests)}"
             )
-    dataset = None
+    dataset, missing = None, None
     if found is not None:
         dataset, text = found
         requests = with_segments(requests, dataset, text, engine.block_size)
+    elif places := dataset_places(vllm_dir, meta):
+        missing = (str(meta["dataset_path"]), places)
     return RunLog(
         path=run_dir,
         gpu=gpu,
@@ -392,21 +397,30 @@ def read_run(run_dir: Path) -> RunLog:
         requests=requests,
         dataset=dataset,
         means=means,
+        dataset_missing=missing,
     )
+
+
+def dataset_places(vllm_dir: Path, meta: dict[str, Any]) -> tuple[Path, ...]:
+    """Where a run's dataset may be (empty when meta.json names none, or no hash to check it
+    by): ``dataset.jsonl`` or ``dataset.jsonl.xz`` in the run directory, or ``dataset_path``
+    under the LLMServingSim checkout holding ``bench/examples/<GPU>/<model>/``."""
+    name = meta.get("dataset_path")
+    digest = meta.get("dataset_hash")
+    if not isinstance(name, str) or not isinstance(digest, str):
+        return ()
+    run_dir = vllm_dir.parent if vllm_dir.name == "vllm" else vllm_dir
+    candidates = [run_dir / "dataset.jsonl", run_dir / "dataset.jsonl.xz"]
+    if len(run_dir.resolve().parents) > 2:
+        candidates.append(run_dir.resolve().parents[2] / name)
+    return tuple(candidates)
 
 
 def find_dataset(vllm_dir: Path, meta: dict[str, Any]) -> tuple[Path, bytes] | None:
     """The run's dataset file and its (decompressed) bytes, if it is where a run keeps it and
     its hash is the recorded one."""
-    name = meta.get("dataset_path")
     digest = meta.get("dataset_hash")
-    if not isinstance(name, str) or not isinstance(digest, str):
-        return None
-    run_dir = vllm_dir.parent if vllm_dir.name == "vllm" else vllm_dir
-    candidates = [run_dir / "dataset.jsonl", run_dir / "dataset.jsonl.xz"]
-    if len(run_dir.resolve().parents) > 2:
-        candidates.append(run_dir.resolve().parents[2] / name)
-    for path in candidates:
+    for path in dataset_places(vllm_dir, meta):
         if path.is_file():
             data = path.read_bytes()
             text = lzma.decompress(data) if path.suffix == ".xz" else data
