@@ -333,6 +333,37 @@ def test_cudagraph_capture_sizes_is_a_fleet_setting_of_profiled_gpus_only():
         parse_scenario({"fleet": {**fleet, "cudagraph_capture_sizes": [0, 2]}})
 
 
+def test_a_gpu_outside_the_catalogue_runs_on_what_its_run_records(tmp_path, capsys):
+    # the TP 2 Qwen3-32B run and its profile, on a GPU Narwhal has no entry for
+    run = tmp_path / "L40S" / "Qwen3-32B"
+    shutil.copytree(QWEN_TP2, run, symlinks=False)
+    config = (run / "config.json").read_text()
+    (run / "config.json").write_text(config.replace("RTXPRO6000", "L40S"))
+    profile = tmp_path / "qwen.json.gz"
+    store.write({**store.bundled("RTXPRO6000", "Qwen/Qwen3-32B"), "gpu": "L40S"}, profile)
+    command = ["validate", "--run", str(run), "--profile", str(profile)]
+    assert main(command) == 2  # meta.json records no device: vLLM's KV sizing has no input
+    assert "does not record its device_name and device_total_memory_bytes" in (
+        capsys.readouterr().err
+    )
+    meta = json.loads((run / "vllm" / "meta.json").read_text())
+    meta["hardware"] = {"device_name": "L40S", "device_total_memory_bytes": round(95.5 * 2**30)}
+    (run / "vllm" / "meta.json").write_text(json.dumps(meta))
+    # the run's own link (16 GB/s, 20 us a link) gives the all-reduce: the catalogue's entry
+    # for the RTX PRO 6000 holds the same figures, so the replay is the same to the bit
+    assert main([*command, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "its TP all-reduce is the run's link, 16 GB/s bus bandwidth and 40 us" in out
+    assert main(["validate", "--run", str(QWEN_TP2), "--out", str(tmp_path / "known")]) == 0
+    known = (tmp_path / "known" / "validation.json").read_text()
+    assert (tmp_path / "out" / "validation.json").read_text() == known
+    cluster = json.loads(config)
+    del cluster["link_bw"]
+    (run / "config.json").write_text(json.dumps(cluster).replace("RTXPRO6000", "L40S"))
+    assert main(command) == 2
+    assert "its TP 2 all-reduce needs the run's link: link_bw" in capsys.readouterr().err
+
+
 def test_a_scenario_takes_a_profile_already_read_instead_of_a_file():
     profile = store.bundled("RTX4090", "meta-llama/Llama-3.1-8B")
     doctored = {**profile, "gpu": "RTXPRO6000"}  # the 4090's tables, said to be the PRO 6000's

@@ -78,6 +78,7 @@ def register(subparsers: Any) -> None:
 
 def _validate(args: argparse.Namespace) -> int:
     from narwhal.sim.profiles.source import ProfileError
+    from narwhal.sim.validation.replay import run_allreduce
     from narwhal.sim.validation.report import (
         means_table,
         table,
@@ -100,6 +101,11 @@ def _validate(args: argparse.Namespace) -> int:
     )
     if run.engine.defaulted:
         print(f"not recorded by the run, vLLM's default used: {', '.join(run.engine.defaulted)}")
+    if (link := run_allreduce(run)) is not None:
+        print(
+            f"note: {run.gpu} is not in Narwhal's catalogue: its TP all-reduce is the run's link, "
+            f"{link[0]:g} GB/s bus bandwidth and {link[1]:g} us (a ring's link latencies)"
+        )
     if run.dataset_missing is not None:
         name, places = run.dataset_missing
         print(

@@ -36,6 +36,7 @@ from narwhal.sim.gpu.params import EngineParams
 from narwhal.sim.gpu.prefix import prompt_text
 from narwhal.sim.gpu.sequence import SimStream
 from narwhal.sim.kvnet import KvNetwork
+from narwhal.sim.profiles.gpus import GPUS
 from narwhal.sim.profiles.source import ProfileError
 from narwhal.sim.scenario import Scenario, ScenarioError, parse_scenario
 from narwhal.sim.timing import StepTiming
@@ -55,6 +56,25 @@ class Timed:
     @property
     def tpot_s(self) -> float | None:
         return time_per_output_token(self.ttft_s, self.latency_s, self.output)
+
+
+def run_allreduce(run: RunLog) -> tuple[float, float] | None:
+    """A TP > 1 engine's all-reduce on a GPU Narwhal's catalogue does not hold, from the run's
+    own link (``config.json``'s ``link_bw`` GB/s and ``link_latency`` per link): NCCL bus
+    bandwidth ``link_bw`` and ``2 (tp - 1)`` link latencies, a ring's crossings (the rule the
+    catalogue's RTX PRO 6000 entry applies to LLMServingSim's figures for that machine). None
+    where the catalogue's estimate applies (a known GPU, or TP 1). (GB/s, latency in us)."""
+    tp = run.engine.tensor_parallel
+    if run.gpu in GPUS or tp <= 1:
+        return None
+    link, latency_s = run.cluster.link_gbps, run.cluster.link_latency_s
+    if link is None:
+        raise ProfileError(
+            f"{run.path}: GPU {run.gpu!r} is not in Narwhal's catalogue "
+            f"({', '.join(sorted(GPUS))}), so its TP {tp} all-reduce needs the run's link: "
+            "link_bw (GB/s) and link_latency (ns) in the run's config.json"
+        )
+    return link, 2 * (tp - 1) * (latency_s or 0.0) * 1e6
 
 
 def run_fleet(run: RunLog, allreduce: bool = True) -> dict[str, Any]:
@@ -90,6 +110,15 @@ def run_fleet(run: RunLog, allreduce: bool = True) -> dict[str, Any]:
         fleet["gpu_memory_gb"] = int(engine.gpu_memory_bytes) / 1e9
     if engine.gpu_name:
         fleet["gpu_name"] = engine.gpu_name
+    if run.gpu not in GPUS and (engine.gpu_name is None or engine.gpu_memory_bytes is None):
+        raise ProfileError(
+            f"{run.path}: GPU {run.gpu!r} is not in Narwhal's catalogue "
+            f"({', '.join(sorted(GPUS))}), and meta.json's hardware does not record its "
+            "device_name and device_total_memory_bytes (vLLM sizes its KV cache and picks its "
+            "defaults from them)"
+        )
+    if (link := run_allreduce(run)) is not None:
+        fleet["tp_allreduce_gbps"], fleet["tp_allreduce_latency_us"] = link
     if cluster.link_gbps is not None:
         fleet["link_bandwidth_gbps"] = cluster.link_gbps
     if cluster.link_latency_s is not None:
