@@ -60,6 +60,7 @@ COMPILED = [
     "narwhal/core/wire.py",
     "narwhal/engines/block_pool.py",
     "narwhal/live/clock.py",
+    "narwhal/live/edge_counts.py",
     "narwhal/live/gate.py",
     "narwhal/live/h1client.py",
     "narwhal/live/h1request.py",

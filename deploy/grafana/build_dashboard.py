@@ -73,6 +73,14 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
          f" / sum by (flow) (rate(narwhal_flow_fairness_dispatched_total{RATE}))",
          "mean wait s {{flow}}"),
     ]),
+    ("Client connections (per router process)", "short", [
+        ("sum by (instance) (narwhal_client_connections_open)", "open {{instance}}"),
+        ("max by (instance) (narwhal_client_connections_limit)", "bound {{instance}}"),
+        ("sum by (instance) (narwhal_client_connections_reading_body)",
+         "reading a body {{instance}}"),
+        (f"sum by (instance) (rate(narwhal_client_connections_refused_total{RATE}))",
+         "refused/s {{instance}}"),
+    ]),
     ("Router process", "short", [
         (f"rate(process_cpu_seconds_total{RATE})", "CPU cores"),
         ("process_resident_memory_bytes / 2^20", "RSS MiB"),

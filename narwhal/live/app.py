@@ -57,6 +57,7 @@ from narwhal.core.routing.kv_aware import kv_aware_phases
 from narwhal.core.routing.prompt_tokens import PromptTokens
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock, EventWaiter
+from narwhal.live.edge_counts import ClientConnections
 from narwhal.live.engine_log import EngineEventLog
 from narwhal.live.gate import HostGate
 from narwhal.live.h1request import EdgeRequest, Response
@@ -115,6 +116,8 @@ class Router:
         self.clock = AnyioClock()
         self.stalls = StallLedger()  # the event loop's stalls: they extend every deadline
         self.metrics = RouterMetrics()
+        # its client connections, counted by the edge server that serves it (/status, /metrics)
+        self.connections = ClientConnections(config.client.max_connections)
         # tracing off: None, and nothing below is wrapped (tracer_provider: tests, embedders)
         self.tracing = start_tracing(config.tracing, tracer_provider)
         pinned = config.engine_contract.model if config.engine_contract else None
@@ -166,6 +169,7 @@ class Router:
         self.metrics.attach(self.policies, self.clock)
         self.engine_log.attach(self.policies)
         self.metrics.attach_stalls(self.stalls)
+        self.metrics.attach_connections(self.connections)
         if self.kv_events is not None:
             self.metrics.registry.register(self.kv_events)
         self._api_key = api_key or None
@@ -371,7 +375,7 @@ class Router:
 
     async def _status(self, request: EdgeRequest) -> Response | None:
         streams = None if self.kv_events is None else self.kv_events.status
-        document = status_document(self.policies, self.clock, streams)
+        document = status_document(self.policies, self.clock, streams, self.connections)
         if self.config.routing.kv_aware.tokenize:  # text and chat prompts tokenized, by outcome
             document["tokenize"] = dict(self.prompt_tokens.counts)
         return json_response(document)

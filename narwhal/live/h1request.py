@@ -1,7 +1,8 @@
 """One request at the router's edge and its one response: what a handler reads, and the writer
 the client sink writes through (the connection that makes them is :mod:`narwhal.live.h1server`,
 seen from here only as the :class:`ClientConnection` it must be, so this module never imports
-the server).
+the server). Beside them, the path a request's target names (:func:`target_path`) and the
+whole error answer the server writes itself, a refused head or a timeout (:func:`refusal`).
 
 Rule kept here: a response goes out in HTTP's order, one head, then body bytes, then its end,
 framed as the request's version allows: a known length as ``content-length``, a stream as
@@ -32,6 +33,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Protocol, TypeVar, overload
+from urllib.parse import unquote
+
+import httptools
+
+from narwhal.core import wire
 
 T = TypeVar("T")
 
@@ -112,6 +118,25 @@ def status_line(status: int, http11: bool) -> bytes:
         version = "1.1" if http11 else "1.0"
         line = _STATUS_LINES[(status, http11)] = f"HTTP/{version} {status} {reason}\r\n".encode()
     return line
+
+
+def refusal(status: int, message: str) -> bytes:
+    """A whole error answer (an OpenAI error object) that closes the connection."""
+    body = wire.error_body(status, message, "invalid_request_error")
+    head = (
+        f"content-type: application/json\r\nconnection: close\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    return b"".join((status_line(status, True), head.encode(), body))
+
+
+def target_path(url: bytes) -> str:
+    """The request target's path, percent-decoded, without query or fragment."""
+    if not url.startswith(b"/"):  # absolute form, or "*"
+        parsed = httptools.parse_url(url).path
+        url = parsed if parsed is not None else b"/"
+    path = url.partition(b"?")[0].partition(b"#")[0].decode("latin-1")
+    return unquote(path) if "%" in path else path
 
 
 class DateSource(Protocol):

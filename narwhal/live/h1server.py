@@ -15,7 +15,8 @@ Rule kept here (``[client]`` settings, docs/live.md "Limits at the edge"):
 - a request body not complete ``body_timeout_s`` after its handler started is answered 408 and
   closed, and the handler's body read fails; when the answer has already begun (a 401 needs no
   body), the connection is just closed then;
-- with ``max_connections`` open, one more is closed as soon as it is accepted;
+- with ``max_connections`` open, one more is closed as soon as it is accepted (the counts of
+  connections open, refused and reading a body are :mod:`narwhal.live.edge_counts`);
 - one request at a time per connection: a request parsed while another is handled waits (the
   socket stops being read), and the answers go out in the requests' order;
 - a client that half-closes (EOF) after a complete request still gets its answer, then the
@@ -67,19 +68,20 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
-from urllib.parse import unquote
 
 import httptools
 
 from narwhal.core import wire
 from narwhal.core.config import ClientSettings
+from narwhal.live.edge_counts import ClientConnections
 from narwhal.live.h1request import (
     BODY_HIGH_WATER,
     CONTINUE,
     EdgeRequest,
     Headers,
     Response,
-    status_line,
+    refusal,
+    target_path,
 )
 from narwhal.live.h1strict import HeadRefused, head_refusal
 
@@ -90,25 +92,6 @@ GONE_PROBE_MAX_S = 1.0  # a client gone is noticed within about this
 log = logging.getLogger("narwhal.live")
 
 Handler = Callable[[EdgeRequest], Awaitable[Response | None]]
-
-
-def refusal(status: int, message: str) -> bytes:
-    """A whole error answer (an OpenAI error object) that closes the connection."""
-    body = wire.error_body(status, message, "invalid_request_error")
-    head = (
-        f"content-type: application/json\r\nconnection: close\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
-    )
-    return b"".join((status_line(status, True), head.encode(), body))
-
-
-def _path_of(url: bytes) -> str:
-    """The request target's path, percent-decoded, without query or fragment."""
-    if not url.startswith(b"/"):  # absolute form, or "*"
-        parsed = httptools.parse_url(url).path
-        url = parsed if parsed is not None else b"/"
-    path = url.partition(b"?")[0].partition(b"#")[0].decode("latin-1")
-    return unquote(path) if "%" in path else path
 
 
 class EdgeConnection(asyncio.Protocol):
@@ -150,10 +133,8 @@ class EdgeConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         server = self.server
-        server.open_connections += 1
         server.connections.add(self)
-        if server.open_connections > self.settings.max_connections or server.shutting_down:
-            log.debug("Over client.max_connections: connection closed.")
+        if not server.counts.accept() or server.shutting_down:
             self.transport.close()
             return
         sock = transport.get_extra_info("socket")
@@ -163,7 +144,7 @@ class EdgeConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
-        self.server.open_connections -= 1
+        self.server.counts.lose(reading_body=self._open_body is not None)
         self.server.connections.discard(self)
         for timer in (self._idle_timer, self._head_timer, self._body_timer, self._probe_timer):
             if timer is not None:
@@ -328,6 +309,8 @@ class EdgeConnection(asyncio.Protocol):
         400 is its answer unless that began (nothing waits for ``body_timeout_s``)."""
         body, self._open_body = self._open_body, None
         self._in_message = False
+        if body is not None:
+            self.server.counts.reading_body -= 1
         if body is not None and body.answered and body is not self._current:
             self._no_more = True  # a body its answer did not need: nothing more to say
             self.close()
@@ -392,12 +375,13 @@ class EdgeConnection(asyncio.Protocol):
         request = EdgeRequest(
             self,
             parser.get_method().decode("latin-1"),
-            _path_of(url),
+            target_path(url),
             version,
             Headers(self._fields),
             parser.should_keep_alive(),
         )
         self._open_body = request
+        self.server.counts.reading_body += 1
         if self._current is None and not self._queue:
             self._start(request)
         else:
@@ -413,6 +397,7 @@ class EdgeConnection(asyncio.Protocol):
         request, self._open_body = self._open_body, None
         if request is None:
             return
+        self.server.counts.reading_body -= 1
         request.end_body()
         if request is self._current and self._body_timer is not None:
             self._body_timer.cancel()
@@ -549,11 +534,15 @@ class EdgeConnection(asyncio.Protocol):
 class EdgeServer:
     """Makes the :class:`EdgeConnection` of each accepted socket, and holds their handlers."""
 
-    def __init__(self, handler: Handler, settings: ClientSettings) -> None:
+    def __init__(
+        self, handler: Handler, settings: ClientSettings, counts: ClientConnections | None = None
+    ) -> None:
         self.handler = handler
         self.settings = settings
         self.loop = asyncio.get_running_loop()
-        self.open_connections = 0  # sockets open now: what max_connections bounds
+        # open, refused and reading a body (/status and /metrics read the router's)
+        self.counts = counts if counts is not None else ClientConnections(0)
+        self.counts.limit = settings.max_connections  # the bound in force is this server's
         self.connections: set[EdgeConnection] = set()
         self.shutting_down = False
         self._tasks: set[asyncio.Task[None]] = set()

@@ -3,7 +3,8 @@
 Rule kept here: metrics only *observe* the core; every count is derived from the core's own
 records (the :class:`~narwhal.core.records.RequestRecord` of each request, each
 :class:`~narwhal.core.records.Decision` of the decision log) or read from its state at scrape
-time. Nothing here decides anything.
+time; the router process's own load (event-loop stalls, client connections) is read from what
+counts it (its lag monitor, its edge server). Nothing here decides anything.
 
 Theory of operation: :class:`RouterMetrics` owns a private ``CollectorRegistry``: counters and
 histograms are fed by :meth:`on_record` and :meth:`on_decision` (the router hands the latter to
@@ -12,7 +13,8 @@ count, attempts, placements, latency histograms, tokens) is kept as plain number
 :class:`_RequestCounts` and exported at scrape time in the series ``prometheus_client`` would
 write for them; rarer events (ejections, retries...) are its own ``Counter`` objects. Gauges of
 the fleet (engine state, failure streak, reservations in flight) are collected at scrape time
-from the breaker and the placement. :func:`status_document` builds ``GET /status`` (the shape
+from the breaker and the placement; the process's own load by the collectors of
+:mod:`narwhal.live.process_metrics`. :func:`status_document` builds ``GET /status`` (the shape
 docs/live.md documents), converting monotonic times to the epoch.
 """
 
@@ -44,7 +46,9 @@ from narwhal.core.records import Decision, RequestRecord
 from narwhal.core.routing.prefix import PrefixAffinity
 from narwhal.core.stalls import StallLedger
 from narwhal.live.clock import AnyioClock, to_wall
+from narwhal.live.edge_counts import ClientConnections
 from narwhal.live.flow_metrics import flow_families
+from narwhal.live.process_metrics import ConnectionCollector, StallCollector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # Time per output token: vLLM's buckets for its own histogram of the same name.
@@ -171,25 +175,6 @@ def _routing_families(policies: Policies, now: float) -> Iterator[Any]:
             affinity.add_metric([phase, "override"], float(policy.overrides))
             affinity.add_metric([phase, "miss"], float(policy.misses))
     yield affinity
-
-
-class _StallCollector:
-    """Scrape-time counters of the router's own event-loop stalls (its lag monitor's ledger)."""
-
-    def __init__(self, ledger: StallLedger) -> None:
-        self._ledger = ledger
-
-    def collect(self) -> Iterator[Any]:
-        yield CounterMetricFamily(
-            "narwhal_event_loop_stalls",
-            "stalls of the router's event loop (deadlines pending during one are extended)",
-            value=float(self._ledger.count),
-        )
-        yield CounterMetricFamily(
-            "narwhal_event_loop_stalled_seconds",
-            "seconds the router's event loop was stalled",
-            value=self._ledger.total_s,
-        )
 
 
 class _Histogram:
@@ -418,7 +403,11 @@ class RouterMetrics:
 
     def attach_stalls(self, ledger: StallLedger) -> None:
         """Start collecting the event-loop stall counters of ``ledger``."""
-        self.registry.register(_StallCollector(ledger))
+        self.registry.register(StallCollector(ledger))
+
+    def attach_connections(self, connections: ClientConnections) -> None:
+        """Start collecting the client connection counts of ``connections``."""
+        self.registry.register(ConnectionCollector(connections))
 
     def on_record(self, record: RequestRecord, model: str) -> None:
         """Count one finished request; ``model`` is its label (bounded: ``ModelLabels``)."""
@@ -493,10 +482,12 @@ def status_document(
     policies: Policies,
     clock: AnyioClock,
     kv_streams: Callable[[str], dict[str, Any] | None] | None = None,
+    connections: ClientConnections | None = None,
 ) -> dict[str, Any]:
     """The ``GET /status`` JSON (times in seconds since the epoch). ``kv_streams``: an engine's
     KV event stream (:meth:`narwhal.live.kv_events.KvEventSubscriber.status`), shown as its
-    ``kv_events`` when the router follows streams."""
+    ``kv_events`` when the router follows streams. ``connections``: the router's client
+    connections, shown as ``connections``."""
     now = clock.now()
     engines: list[dict[str, Any]] = []
     for url, role in policies.engines_known():  # joining and draining engines too
@@ -534,6 +525,9 @@ def status_document(
             "max_requests_in_flight": policies.admission.limit,
             "refused": policies.admission.refused,
         },
+        # its edge's client connections: open (this request's own among them), the bound,
+        # refused at it since start, and those whose request body is still arriving
+        **({} if connections is None else {"connections": connections.status()}),
         "time": clock.wall(),
         # [flow] enabled: per band, queue length, queued, dispatched, mean wait, refusals
         **({"flow": policies.flow.snapshot()} if policies.flow.enabled else {}),

@@ -103,7 +103,7 @@ class RouterServer:
             for number in (signal.SIGINT, signal.SIGTERM):
                 self._loop.add_signal_handler(number, self._stop.set)
         async with self.router.running():
-            edge = EdgeServer(self.router.handle, self.client)
+            edge = EdgeServer(self.router.handle, self.client, self.router.connections)
             listening: list[asyncio.Server] = []
             try:
                 for sock in sockets:

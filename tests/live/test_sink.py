@@ -98,7 +98,7 @@ def test_a_write_blocked_past_its_deadline_is_cut_not_cancelled() -> None:
     async def client(peer: socket.socket, edge: EdgeServer) -> None:
         async with asyncio.timeout(5):
             await handled.wait()
-            while edge.open_connections:  # freed at the cut, not when the client reads
+            while edge.counts.open:  # freed at the cut, not when the client reads
                 await asyncio.sleep(0.01)
         body = await read_to_end(peer)  # what reached the kernel's buffers, then the close
         assert body.startswith(b"HTTP/1.1 200")

@@ -1,12 +1,14 @@
 """``narwhal serve --workers N`` as processes over 127.0.0.1: every worker answers on the one
 port, a signal to the supervisor stops them all, a worker that dies stops the router (exit 1),
-and a bad count is refused. Waits poll with a bound."""
+a bad count is refused, and each worker's ``/status`` counts its own client connections only.
+Waits poll with a bound."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ import tomli_w
 
 from narwhal.serving import bind, port_of
 from tests.live.conftest import Emulator
+from tests.live.test_connections import ask, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = re.compile(r'^narwhal_worker\{pid="(\d+)",worker="(\d+)"\} 1\.0$', re.M)
@@ -132,6 +135,33 @@ def test_two_workers_answer_on_one_port_and_a_signal_stops_both(
     served.proc.send_signal(signum)
     assert served.proc.wait(timeout=30) == 0
     poll(lambda: not any(alive(pid) for pid in served.workers.values()), "workers to exit")
+
+
+def test_each_worker_counts_its_own_client_connections(serve: Callable[[int], Served]) -> None:
+    served = serve(2)
+    both_answer(served)
+    host, port = served.url.removeprefix("http://").split(":")
+    held: dict[int, socket.socket] = {}  # worker index -> a kept-alive connection it accepted
+    extra: list[socket.socket] = []
+    deadline = time.monotonic() + 30.0
+    try:
+        while len(held) < 2:
+            assert time.monotonic() < deadline, "timed out holding a connection to each worker"
+            sock = socket.create_connection((host, int(port)), timeout=5.0)
+            found = WORKER.search(ask(sock, "/metrics").decode())
+            assert found is not None
+            if int(found.group(2)) in held:
+                extra.append(sock)
+            else:
+                held[int(found.group(2))] = sock
+        for sock in extra:
+            sock.close()
+        for sock in held.values():  # two client connections to the router, one on each worker
+            counts = wait_for(sock, open=1)
+            assert counts["max_connections"] == 4096 and counts["refused"] == 0
+    finally:
+        for sock in (*held.values(), *extra):
+            sock.close()
 
 
 def process_states(pids: list[int]) -> str:
