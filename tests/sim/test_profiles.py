@@ -104,6 +104,28 @@ def test_a_moe_profile_is_refused(tmp_path):
         importer.read_any(write_profile(tmp_path, moe=True))
 
 
+@pytest.mark.parametrize(
+    ("key", "layout"),
+    [("num_local_experts", "v0"), ("num_experts", "perf"), ("n_routed_experts", "perf")],
+)
+def test_a_moe_model_config_is_refused_in_any_layout(tmp_path, capsys, key, layout):
+    # the older layout's own tables have no moe.csv: only the model's config tells
+    if layout == "v0":
+        profile = tmp_path / "v0"
+        shutil.copytree(V0, profile)
+    else:
+        profile = write_profile(tmp_path)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**CONFIG, key: 8, "num_experts_per_tok": 2}))
+    out = tmp_path / "p.json.gz"
+    command = ["profile", "import", str(profile), "--model-config", str(config)]
+    assert main([*command, "--out", str(out)]) == 2
+    assert f"a mixture-of-experts model ({key} 8)" in capsys.readouterr().err
+    assert not out.exists()
+    config.write_text(json.dumps({**CONFIG, key: 1}))  # one expert is a dense MLP
+    assert main([*command, "--out", str(out)]) == 0
+
+
 def test_missing_pieces_are_named(tmp_path, capsys):
     profile_dir = write_profile(tmp_path)
     (profile_dir / "tp1" / "attention.csv").unlink()

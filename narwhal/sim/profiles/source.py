@@ -5,7 +5,8 @@ its files say, and whatever it lacks is refused with a message naming the missin
 ``meta.yaml`` (GPU, model, vLLM version, tensor-parallel degrees), per degree
 ``tp<N>/dense.csv`` (layer, tokens, time_us), ``tp<N>/attention.csv`` (prefill_chunk,
 kv_prefill, n_decode, kv_decode, time_us) and ``tp<N>/per_sequence.csv`` (layer, sequences,
-time_us). A profile with ``moe.csv`` is a mixture-of-experts model, which the dense step model
+time_us). A profile with ``moe.csv``, or whose model config counts routed experts
+(:data:`MOE_KEYS`, in every layout), is a mixture-of-experts model, which the dense step model
 does not cover: refused. The model's shape comes from its Hugging Face ``config.json``: given,
 else ``config.json`` in the profile directory, else ``configs/model/<org>/<model>.json`` of the
 LLMServingSim checkout the profile sits in. The older layout (``perf_models/<GPU>/<org>/<model>/``)
@@ -21,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from narwhal.sim.model_shape import ModelShape
+
+# the keys by which Hugging Face configs count a mixture-of-experts model's routed experts
+# (Mixtral, Phi-MoE: num_local_experts; Qwen3-MoE: num_experts; DeepSeek: n_routed_experts)
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 class ProfileError(ValueError):
@@ -41,6 +46,13 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, config: dict[str, Any], where: str) -> ModelConfig:
+        for key in MOE_KEYS:
+            experts = config.get(key)
+            if isinstance(experts, int) and experts > 1:
+                raise ProfileError(
+                    f"{where}: a mixture-of-experts model ({key} {experts}); the step model "
+                    "covers dense decoder models only"
+                )
         needed = (
             "num_hidden_layers",
             "hidden_size",
