@@ -117,9 +117,13 @@ def test_a_run_or_profile_it_cannot_use_gets_a_clear_error(tmp_path, capsys):
     elsewhere = tmp_path / "B200" / "model"
     shutil.copytree(run, elsewhere)
     assert main(["validate", "--run", str(elsewhere)]) == 2
-    assert "engine_kwargs has no max_num_seqs, and GPU 'B200' is not one of" in (
+    assert "engine_kwargs has no max_num_seqs, GPU 'B200' is not one of" in (
         capsys.readouterr().err
     )
+    meta["hardware"] = {"device_name": "NVIDIA B200", "device_total_memory_bytes": 190 * 2**30}
+    (elsewhere / "vllm" / "meta.json").write_text(json.dumps(meta))
+    engine = read_run(elsewhere).engine  # vLLM's default for the device the run recorded
+    assert engine.max_num_seqs == 1024 and "max_num_seqs" in engine.defaulted
     shutil.copy(PRO6000 / "vllm" / "meta.json", run / "vllm" / "meta.json")
     (run / "vllm" / "requests.jsonl").write_text('{"input_toks": 3}\n')
     with pytest.raises(ProfileError, match="no output_toks, queued_ts"):

@@ -267,9 +267,12 @@ def read_requests(path: Path) -> tuple[RunRequest, ...]:
     )
 
 
-def _batch_limits(kwargs: dict[str, Any], gpu: str, where: Path) -> tuple[int, int, list[str]]:
+def _batch_limits(
+    kwargs: dict[str, Any], gpu: str, hardware: dict[str, Any], where: Path
+) -> tuple[int, int, list[str]]:
     """The run's sequence cap and token budget: as recorded, else vLLM's defaults for the GPU
-    (``vllm serve`` on that device: :func:`~narwhal.sim.vllm_defaults.batch_defaults`)."""
+    (``vllm serve`` on that device: :func:`~narwhal.sim.vllm_defaults.batch_defaults`), the
+    catalogue's or, for a GPU outside it, the device ``meta.json``'s ``hardware`` records."""
     seqs, tokens = kwargs.get("max_num_seqs"), kwargs.get("max_num_batched_tokens")
     absent = [
         k for k, v in (("max_num_seqs", seqs), ("max_num_batched_tokens", tokens)) if v is None
@@ -278,15 +281,18 @@ def _batch_limits(kwargs: dict[str, Any], gpu: str, where: Path) -> tuple[int, i
         if not isinstance(seqs, int) or not isinstance(tokens, int):
             raise ProfileError(f"{where}: max_num_seqs and max_num_batched_tokens must be integers")
         return seqs, tokens, []
-    if gpu not in GPUS:
+    name, memory = hardware.get("device_name"), hardware.get("device_total_memory_bytes")
+    if gpu in GPUS:
+        name, memory = GPUS[gpu].name, GPUS[gpu].memory_bytes
+    elif not isinstance(name, str) or not isinstance(memory, int):
         raise ProfileError(
-            f"{where}: engine_kwargs has no {', '.join(absent)}, and GPU {gpu!r} is not one of "
-            f"{', '.join(sorted(GPUS))} whose vLLM defaults are known"
+            f"{where}: engine_kwargs has no {', '.join(absent)}, GPU {gpu!r} is not one of "
+            f"{', '.join(sorted(GPUS))} whose vLLM defaults are known, and hardware records "
+            "no device_name and device_total_memory_bytes to take them from"
         )
-    device = GPUS[gpu]
     vllm = batch_defaults(
-        device.memory_bytes,
-        device.name,
+        memory,
+        name,
         max_num_seqs=seqs if isinstance(seqs, int) else None,
         max_num_batched_tokens=tokens if isinstance(tokens, int) else None,
     )
@@ -313,10 +319,11 @@ def _engine(meta: dict[str, Any], where: Path, gpu: str) -> EngineSetup:
     kwargs = meta.get("engine_kwargs")
     if not isinstance(kwargs, dict):
         raise ProfileError(f"{where}: no engine_kwargs")
-    max_num_seqs, max_num_batched_tokens, batch_defaulted = _batch_limits(kwargs, gpu, where)
+    hardware = meta.get("hardware") or {}
+    limits = _batch_limits(kwargs, gpu, hardware, where)
+    max_num_seqs, max_num_batched_tokens, batch_defaulted = limits
     resolved = meta.get("resolved_config") or {}
     cache = meta.get("kv_cache") or {}
-    hardware = meta.get("hardware") or {}
     compilation = resolved.get("compilation_config") or {}
     scheduler = resolved.get("scheduler_config") or {}
     model_config = resolved.get("model_config") or {}
