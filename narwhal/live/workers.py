@@ -20,11 +20,15 @@ Theory of operation:
   supervisor, which forwards SIGINT, SIGTERM and SIGHUP to every worker exactly once per
   signal (the supervisor decides when a worker is told, and a worker is never told twice by
   the terminal and the supervisor). SIGHUP makes each worker reload the configuration file on
-  its own.
-- A worker that exits while nobody asked it to is a failure: the supervisor stops the others
-  (SIGTERM, the graceful drain) and exits with status 1, leaving the restart to the process
-  manager (systemd, Kubernetes) that restarts the whole router. Restarting a worker in place
-  would hand its share of traffic to a fresh breaker that has forgotten every ejection.
+  its own. Workers are forked with those signals blocked until they have set their own
+  dispositions, so a SIGTERM sent to a worker still starting up ends it rather than being
+  swallowed by the supervisor's handler it was forked with.
+- A worker that exits while nobody asked it to is a failure, however early (during startup
+  too): the supervisor stops the others (SIGTERM, the graceful drain) and exits with status 1,
+  leaving the restart to the process manager (systemd, Kubernetes) that restarts the whole
+  router. Restarting a worker in place would hand its share of traffic to a fresh breaker that
+  has forgotten every ejection. Each pass of the supervisor looks once at every worker and
+  decides from that one look, so a worker is either waited on or reported, never dropped.
 - Every wait is bounded: workers get ``--graceful-s`` plus :data:`STOP_MARGIN_S` to exit after
   SIGTERM, then SIGKILL. A worker whose supervisor is gone (killed with SIGKILL) notices within
   :data:`ORPHAN_CHECK_S` and stops itself gracefully.
@@ -123,6 +127,9 @@ def _worker_main(entry: WorkerEntry, sock: socket.socket, index: int, supervisor
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the reload loop takes it
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_DFL)  # until the server installs its own
+    # Blocked since before the fork (Supervisor.start): one that came meanwhile is delivered
+    # now, to these dispositions, not to the supervisor's handler this process was forked with.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     _watch_supervisor(supervisor)
     entry(sock, index)
 
@@ -143,15 +150,22 @@ class Supervisor:
         self._context = multiprocessing.get_context("fork")
 
     def start(self) -> None:
-        for index in range(self.count):
-            process = self._context.Process(
-                target=_worker_main,
-                args=(self.entry, self.sock, index, os.getpid()),
-                name=f"narwhal-worker-{index}",
-                daemon=False,
-            )
-            process.start()
-            self.workers.append(process)
+        """Fork the workers with the forwarded signals blocked: a child starts with the
+        supervisor's handlers, which would swallow a SIGTERM sent to it before
+        :func:`_worker_main` resets them (a stop then waiting out the SIGKILL deadline)."""
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        try:
+            for index in range(self.count):
+                process = self._context.Process(
+                    target=_worker_main,
+                    args=(self.entry, self.sock, index, os.getpid()),
+                    name=f"narwhal-worker-{index}",
+                    daemon=False,
+                )
+                process.start()
+                self.workers.append(process)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
 
     def forward(self, signum: int) -> None:
         """Send ``signum`` to every worker still running."""
@@ -199,9 +213,25 @@ class Supervisor:
     def _supervise(self, wake_r: int, received: list[int]) -> int:
         stop_by: float | None = None  # once stopping: when stragglers get SIGKILL
         while True:
+            # One look at each worker per pass, and every decision below comes from that look: a
+            # worker is either waited on or reported dead, never dropped between the two. (The
+            # moment a worker is first seen to have exited is chance: its sentinel is readable
+            # a moment before the kernel lets it be reaped, so it can be seen here on any pass,
+            # or before the first one when it died during startup.)
             running = [p for p in self.workers if p.exitcode is None]
+            dead = [p for p in self.workers if p not in running]
+            if stop_by is None and dead:
+                for process in dead:
+                    print(
+                        f"narwhal: worker {process.name} (pid {process.pid}) exited with "
+                        f"status {process.exitcode}; stopping the others",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                self.stop()
+                return 1
             if not running:
-                return 0 if stop_by is not None else 1
+                return 0
             timeout = None if stop_by is None else max(0.0, stop_by - time.monotonic())
             ready = wait([wake_r, *(p.sentinel for p in running)], timeout)
             if stop_by is not None and time.monotonic() >= stop_by:
@@ -216,18 +246,6 @@ class Supervisor:
                     self.forward(signum)
                     if signum != signal.SIGHUP and stop_by is None:
                         stop_by = time.monotonic() + self.stop_timeout_s
-            if stop_by is None:
-                dead = [p for p in running if p.exitcode is not None]
-                if dead:
-                    for process in dead:
-                        print(
-                            f"narwhal: worker {process.name} (pid {process.pid}) exited with "
-                            f"status {process.exitcode}; stopping the others",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                    self.stop()
-                    return 1
 
 
 def serve_workers(args: argparse.Namespace, config: NarwhalConfig, api_key: str | None) -> int:
