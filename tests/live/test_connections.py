@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.live.conftest import Emulator, RouterHandle, metric_value
+from tests.live.test_edge_timeouts import read_to_close
 
 GIVE_UP_S = 5.0  # a count that never comes: the test fails instead of hanging
 BODY = b'{"prompt": "hi", "max_tokens": 2}'
@@ -79,18 +80,6 @@ def wait_for(asker: socket.socket, **expected: int) -> dict[str, Any]:
 
 def scraped(asker: socket.socket, name: str) -> float:
     return metric_value(ask(asker, "/metrics").decode(), name)
-
-
-def read_to_close(sock: socket.socket) -> bytes:
-    received = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:
-            return received
-        if not chunk:
-            return received
-        received += chunk
 
 
 def test_connections_open_are_counted_with_the_askers_own_and_released_at_their_close(
