@@ -133,8 +133,7 @@ class EdgeConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         server = self.server
-        server.connections.add(self)
-        if not server.counts.accept() or server.shutting_down:
+        if not server.counts.accept(self) or server.shutting_down:
             self.transport.close()
             return
         sock = transport.get_extra_info("socket")
@@ -142,10 +141,14 @@ class EdgeConnection(asyncio.Protocol):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         self._arm_idle()
 
+    @property
+    def reading_body(self) -> bool:
+        """Whether a request's head has arrived and its body is still arriving (counted)."""
+        return self._open_body is not None
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
-        self.server.counts.lose(reading_body=self._open_body is not None)
-        self.server.connections.discard(self)
+        self.server.counts.lose(self)
         for timer in (self._idle_timer, self._head_timer, self._body_timer, self._probe_timer):
             if timer is not None:
                 timer.cancel()
@@ -309,8 +312,6 @@ class EdgeConnection(asyncio.Protocol):
         400 is its answer unless that began (nothing waits for ``body_timeout_s``)."""
         body, self._open_body = self._open_body, None
         self._in_message = False
-        if body is not None:
-            self.server.counts.reading_body -= 1
         if body is not None and body.answered and body is not self._current:
             self._no_more = True  # a body its answer did not need: nothing more to say
             self.close()
@@ -381,7 +382,6 @@ class EdgeConnection(asyncio.Protocol):
             parser.should_keep_alive(),
         )
         self._open_body = request
-        self.server.counts.reading_body += 1
         if self._current is None and not self._queue:
             self._start(request)
         else:
@@ -397,7 +397,6 @@ class EdgeConnection(asyncio.Protocol):
         request, self._open_body = self._open_body, None
         if request is None:
             return
-        self.server.counts.reading_body -= 1
         request.end_body()
         if request is self._current and self._body_timer is not None:
             self._body_timer.cancel()
@@ -543,7 +542,6 @@ class EdgeServer:
         # open, refused and reading a body (/status and /metrics read the router's)
         self.counts = counts if counts is not None else ClientConnections(0)
         self.counts.limit = settings.max_connections  # the bound in force is this server's
-        self.connections: set[EdgeConnection] = set()
         self.shutting_down = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._date_at = -1
@@ -567,12 +565,16 @@ class EdgeServer:
             self._date = f"date: {email.utils.formatdate(now, usegmt=True)}\r\n".encode()
         return self._date
 
+    def _connections(self) -> list[EdgeConnection]:
+        """The connections open now (the counts' live set holds only this server's)."""
+        return [cast(EdgeConnection, conn) for conn in self.counts.live]
+
     async def shutdown(self, grace_s: float) -> None:
         """Close idle connections now; give the requests in progress ``grace_s`` to end, then
         cancel their handlers (which may still answer, briefly) and wait for them; close the
         rest. Call after the listening sockets are closed."""
         self.shutting_down = True
-        for conn in list(self.connections):
+        for conn in self._connections():
             if not conn.busy():
                 conn.close()
         tasks = set(self._tasks)
@@ -582,5 +584,5 @@ class EdgeServer:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
-        for conn in list(self.connections):
+        for conn in self._connections():
             conn.close()
